@@ -1,0 +1,82 @@
+"""`AgentEnv`: a Gymnasium environment for chat agents whose native interface is async.
+
+The whole contract:
+
+- **Observation**: a list of chat messages (:data:`~agentrl.envs.spaces.Message`). ``reset`` returns
+  the opening messages (system prompt, task); ``step`` returns only the messages the environment adds
+  after the assistant's turn (tool results, feedback), possibly none.
+- **Action**: the assistant's text for one turn, exactly as decoded from the engine's tokens.
+- **Info**: ``reset``'s info carries ``"tools"``, the JSON schemas (OpenAI style) of the tools the agent
+  may call, as fresh objects on every call. Step infos are deterministic for a given seed and action
+  (no timings: rollouts measure those) so that ``check_env`` passes.
+- **Async first**: subclasses implement :meth:`areset` and :meth:`astep` (and :meth:`aclose` if they
+  hold resources). Blocking work (verifiers, subprocesses) is awaited off the event loop, so thousands
+  of environments share one loop. ``reset``/``step``/``close`` are Gymnasium's synchronous forms; each
+  call runs its async twin on a fresh event loop (``asyncio.run``) and refuses to run inside a running
+  loop.
+- **Seeding**: subclasses call ``await super().areset(seed=seed, options=options)`` first, the async
+  twin of Gymnasium's ``super().reset(seed=seed)``; it seeds :attr:`np_random`.
+
+Environment state must not hold objects bound to one event loop between calls (futures, locks,
+subprocess transports): an environment may be reset on one loop and stepped on another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, ClassVar, SupportsFloat, TypeVar
+
+import gymnasium
+
+from agentrl.envs.spaces import AssistantText, ChatMessages, Message
+
+T = TypeVar("T")
+
+StepResult = tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]
+ResetResult = tuple[list[Message], dict[str, Any]]
+
+
+class AgentEnv(gymnasium.Env[list[Message], str]):
+    """Base class of every agentrl environment (see the module docstring for the contract)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    observation_space = ChatMessages()
+    action_space = AssistantText()
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetResult:
+        """Start an episode. The base implementation seeds :attr:`np_random`; subclasses call it first."""
+        gymnasium.Env.reset(self, seed=seed)
+        return [], {}
+
+    async def astep(self, action: str) -> StepResult:
+        """Take the assistant's text; return (new messages, reward, terminated, truncated, info)."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Release resources; must be safe to call more than once."""
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetResult:
+        return self.run_sync(self.areset(seed=seed, options=options))
+
+    def step(self, action: str) -> StepResult:
+        return self.run_sync(self.astep(action))
+
+    def close(self) -> None:
+        self.run_sync(self.aclose())
+
+    def run_sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` to completion on a fresh event loop; refuse inside a running loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(coro)
+        coro.close()
+        raise RuntimeError(
+            f"{type(self).__name__}: the synchronous reset/step/close were called inside a running "
+            "event loop; use `await env.areset()`, `await env.astep(action)`, `await env.aclose()`"
+        )

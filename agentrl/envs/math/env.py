@@ -1,0 +1,205 @@
+"""``agentrl/Math-v0``: answer a math problem, optionally using a Python tool, graded by math-verify.
+
+Modes (``mode=``):
+
+- ``"single"``: one assistant turn; its final answer is graded and the episode ends.
+- ``"multi"``: the assistant may call the ``python`` tool (``<python>code</python>`` with
+  ``tool_format="tags"``, or Hermes ``<tool_call>`` JSON with ``tool_format="hermes"``); each call's
+  output comes back as a ``tool`` message. The episode ends at the first turn with a final answer, or
+  at a turn with neither a tool call nor an answer. Malformed calls come back as error messages.
+
+The final answer is the content of ``<answer>...</answer>`` or of the last ``\\boxed{...}``
+(``answer_format`` picks which are accepted). Reward is 1.0 when math-verify judges it equal to the
+gold answer, else 0.0; ``info["reward_components"]`` has ``correct`` and ``format`` (1.0 when a final
+answer was given in an accepted format) for shaping wrappers.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+from pydantic import Field
+
+from agentrl.config import Config
+from agentrl.envs.core import AgentEnv, ResetResult, StepResult
+from agentrl.envs.math.dataset import Format, MathProblem, last_boxed, read_dataset, to_problems
+from agentrl.envs.math.generated import generate_problems
+from agentrl.envs.math.verifier import shared_pool
+from agentrl.tools import HermesParser, TagParser, ToolCall, ToolSet, python_tool
+
+ANSWER_TAGS = TagParser({"answer": "answer"})
+
+
+class MathConfig(Config):
+    """Keyword arguments of ``gymnasium.make("agentrl/Math-v0", ...)``."""
+
+    dataset: str | Path | datasets.Dataset | datasets.DatasetDict | None = None
+    """Local file (.jsonl/.json/.parquet/.csv) or a `datasets` object; None uses the generated set."""
+    dataset_format: Format = "auto"
+    """How rows map to problems: gsm8k, math, plain (with `columns`), or auto-detect."""
+    columns: dict[str, str] | None = None
+    """Rename source columns to `question` and `answer`, e.g. {"question": "prompt", "answer": "target"}."""
+    split: str = "train"
+    """Split to use when `dataset` is a DatasetDict."""
+    generated_count: int = Field(1000, ge=1)
+    """Size of the built-in generated set."""
+    generated_seed: int = 0
+    """Seed of the built-in generated set."""
+    generated_difficulty: Literal[1, 2, 3] = 1
+    """Difficulty of the built-in generated set: operations per problem."""
+    mode: Literal["single", "multi"] = "single"
+    """single: one graded turn; multi: the python tool is available across turns."""
+    tool_format: Literal["tags", "hermes"] = "tags"
+    """How the model calls the python tool in multi mode."""
+    answer_format: Literal["boxed", "answer_tag", "either"] = "either"
+    """Which final-answer formats count: \\boxed{...}, <answer>...</answer>, or either."""
+    system_prompt: str | None = None
+    """Replaces the built-in system prompt."""
+    python_timeout: float = Field(10.0, gt=0)
+    """Wall-clock limit of one python tool call, in seconds."""
+    python_max_output_bytes: int = Field(16_384, ge=256)
+    """Cap on each of stdout and stderr of a python tool call."""
+    verify_timeout: int = Field(5, ge=1)
+    """Limit, in seconds, on each of math-verify's parse and compare calls."""
+
+
+class MathEnv(AgentEnv):
+    """Math problems graded by math-verify (see the module docstring)."""
+
+    def __init__(self, **kwargs: Any):
+        self.config = MathConfig.build("agentrl/Math-v0", kwargs)
+        self.problems = load_problems(self.config)
+        self.problem: MathProblem | None = None
+        multi = self.config.mode == "multi"
+        self.tools = ToolSet(
+            [
+                python_tool(
+                    timeout=self.config.python_timeout,
+                    max_output_bytes=self.config.python_max_output_bytes,
+                )
+            ]
+            if multi
+            else []
+        )
+        self.parser = (
+            (TagParser({"python": "code"}) if self.config.tool_format == "tags" else HermesParser())
+            if multi
+            else None
+        )
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetResult:
+        await super().areset(seed=seed, options=options)
+        index = (options or {}).get("index")
+        if index is None:
+            index = int(self.np_random.integers(len(self.problems)))
+        if not 0 <= index < len(self.problems):
+            raise IndexError(f"options['index']={index} is outside 0..{len(self.problems) - 1}")
+        self.problem = self.problems[index]
+        messages = [
+            {
+                "role": "system",
+                "content": self.config.system_prompt or self.default_system_prompt(),
+            },
+            {"role": "user", "content": self.problem.question},
+        ]
+        info = {
+            "tools": self.tools.schemas(),
+            "problem_id": self.problem.id,
+            "gold_answer": self.problem.answer,
+        }
+        return messages, info
+
+    async def astep(self, action: str) -> StepResult:
+        if self.problem is None:
+            raise RuntimeError("MathEnv.step() before reset()")
+        answer = extract_answer(action, self.config.answer_format)
+        if answer is not None:
+            verdict = await shared_pool.verify(
+                self.problem.answer, answer, self.config.verify_timeout
+            )
+            correct = float(verdict.correct)
+            info: dict[str, Any] = {
+                "reward_components": {"correct": correct, "format": 1.0},
+                "answer": answer,
+                "gold_answer": self.problem.answer,
+            }
+            if verdict.error:
+                info["verifier_error"] = verdict.error
+            return [], correct, True, False, info
+        if self.parser is not None:
+            parsed = self.parser.parse(action)
+            if parsed.calls or parsed.errors:
+                messages = await self.tools.run(parsed.calls, parsed.errors)
+                info = {"tool_calls": len(parsed.calls), "tool_errors": len(parsed.errors)}
+                return messages, 0.0, False, False, info
+        info = {
+            "reward_components": {"correct": 0.0, "format": 0.0},
+            "answer": None,
+            "gold_answer": self.problem.answer,
+        }
+        return [], 0.0, True, False, info
+
+    def default_system_prompt(self) -> str:
+        answer = {
+            "boxed": "\\boxed{ANSWER}",
+            "answer_tag": "<answer>ANSWER</answer>",
+            "either": "\\boxed{ANSWER}",
+        }[self.config.answer_format]
+        prompt = (
+            f"Solve the math problem. Think step by step, then give the final answer as {answer}."
+        )
+        if self.parser is None:
+            return prompt
+        example = self.parser.format(ToolCall("python", {"code": "print(12 * 7)"}, raw=""))
+        return (
+            f"{prompt}\nYou can run Python code to help you. To run code, write:\n{example}\n"
+            "The output will be returned to you. Give the final answer only when you are sure."
+        )
+
+
+def extract_answer(text: str, answer_format: str) -> str | None:
+    """The final answer in ``text``: ``<answer>`` content or the last ``\\boxed{}``, per format."""
+    if answer_format in ("answer_tag", "either"):
+        tagged = [call.arguments["answer"] for call in ANSWER_TAGS.parse(text).calls]
+        if tagged and tagged[-1].strip():
+            return tagged[-1].strip()
+    if answer_format in ("boxed", "either"):
+        boxed = last_boxed(text)
+        if boxed is not None and boxed.strip():
+            return boxed.strip()
+    return None
+
+
+def load_problems(config: MathConfig) -> list[MathProblem]:
+    if config.dataset is None:
+        return _generated(
+            config.generated_count, config.generated_seed, config.generated_difficulty
+        )
+    if isinstance(config.dataset, (str, Path)):
+        path = Path(config.dataset).expanduser().resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"agentrl/Math-v0: dataset file not found: {path}")
+        columns = tuple(sorted((config.columns or {}).items()))
+        return _from_file(
+            str(path), path.stat().st_mtime_ns, config.dataset_format, columns, config.split
+        )
+    return to_problems(
+        read_dataset(config.dataset, config.split), config.dataset_format, config.columns
+    )
+
+
+@cache
+def _generated(count: int, seed: int, difficulty: int) -> list[MathProblem]:
+    return generate_problems(count, seed, difficulty)
+
+
+@cache
+def _from_file(
+    path: str, mtime_ns: int, format: Format, columns: tuple[tuple[str, str], ...], split: str
+) -> list[MathProblem]:
+    return to_problems(read_dataset(path, split), format, dict(columns) or None)
