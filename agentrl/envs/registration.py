@@ -36,17 +36,23 @@ BUILTIN_ENVS: dict[str, str] = {
 
 
 class EnvFactory:
-    """Makes an environment from ``"module:Class"``, applying the standard agentrl wrappers."""
+    """Makes an environment from ``"module:Class"`` (imported on first use) or a class, applying
+    the standard agentrl wrappers."""
 
-    def __init__(self, target: str):
-        self.target = target
+    def __init__(self, target: str | type[AgentEnv]):
+        self.target = (
+            target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+        )
+        self._cls = None if isinstance(target, str) else target
 
     def __repr__(self) -> str:
         return f"EnvFactory({self.target!r})"
 
     def load_class(self) -> type[AgentEnv]:
-        module_name, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module_name), attr)
+        if self._cls is None:
+            module_name, _, attr = self.target.partition(":")
+            self._cls = getattr(importlib.import_module(module_name), attr)
+        return self._cls
 
     def __call__(
         self,
@@ -65,10 +71,14 @@ class EnvFactory:
         return EpisodeGuard(env)
 
 
-def register_env(env_id: str, target: str, **spec_kwargs: Any) -> None:
-    """Register ``env_id`` (``namespace/Name-vN``) for the AgentEnv class at ``"module:Class"``."""
+def register_env(env_id: str, target: str | type[AgentEnv], **spec_kwargs: Any) -> None:
+    """Register ``env_id`` (``namespace/Name-vN``) for an AgentEnv class, given as the class or as
+    ``"module:Class"``; ``spec_kwargs`` go to ``gymnasium.register`` (e.g. default ``kwargs``)."""
     parse_env_id(env_id)  # raises gymnasium.error.Error on a malformed id
-    if ":" not in target:
+    if isinstance(target, type):
+        if not issubclass(target, AgentEnv):
+            raise TypeError(f"{env_id}: {target.__name__} is not an AgentEnv subclass")
+    elif ":" not in target:
         raise ValueError(f"{env_id}: entry point {target!r} must look like 'package.module:Class'")
     gymnasium.register(
         id=env_id,

@@ -106,3 +106,12 @@ def test_broken_plugin_entry_point_warns_and_is_skipped(tmp_path):
         check=True,
     )
     assert "broken-plugin" in out.stderr and "skipped" in out.stderr
+
+
+def test_register_env_takes_a_class_and_rejects_non_agent_envs():
+    from agentrl_echo import EchoEnv
+
+    register_env("tests/EchoClass-v0", EchoEnv)
+    assert gymnasium.make("tests/EchoClass-v0").reset(seed=0)[0]
+    with pytest.raises(TypeError, match="not an AgentEnv"):
+        register_env("tests/Dict-v0", dict)
