@@ -1,4 +1,4 @@
-"""One SmolLM2 tokenizer (~11 s to load from the GGUF) and its chat formats, shared by the session."""
+"""The chat formats of the shared SmolLM2 tokenizer (tests/conftest.py), by template name."""
 
 from __future__ import annotations
 
@@ -6,13 +6,7 @@ import pytest
 from template_cases import FORMATS, template_source
 from transformers import PreTrainedTokenizerBase
 
-from agentrl.models import load_tokenizer
 from agentrl.tokenization import ChatFormat
-
-
-@pytest.fixture(scope="session")
-def tokenizer() -> PreTrainedTokenizerBase:
-    return load_tokenizer("smollm2")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,32 @@
+"""The ``agentrl`` command. Each subcommand lives beside its component as a module with
+``add_arguments(parser)`` and ``run(args) -> int`` that keeps heavy imports inside ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+SUBCOMMANDS = {
+    "rollout": ("agentrl.rollout.cli", "run an environment against the embedded engine"),
+    "check-template": ("agentrl.tokenization.cli", "check whether a chat template is append-only"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrl", description="RL for multi-turn LLM agents.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,399 @@
+"""LocalEngine: an in-process PyTorch/transformers engine with continuous batching.
+
+Scheduling. One asyncio task (the scheduler) owns every request's state; all model work runs on one
+dedicated worker thread, so the event loop never blocks on a forward pass. Each iteration of the
+scheduler produces one token for every active request:
+
+1. requests that finished or were aborted leave the batch (their cache rows are dropped);
+2. running requests feed their last token through the shared KV cache (`DecodeBatch.step`);
+3. queued requests are prefilled, up to ``max_batch_size`` rows in all, and join the batch; their
+   first token is sampled in this same iteration.
+
+So a request that arrives while a step runs joins at the next step, not after the batch drains.
+A request that is aborted, or whose ``generate`` call is cancelled, frees its row at the next step.
+
+Weights. ``update_weights`` runs between iterations (it waits for the one in progress) and bumps
+``weight_version``. The KV cache of running requests was computed by the old weights, so the next
+iteration rebuilds it by prefilling each running request's input ids + tokens so far: after an
+update, every new token is a function of the new weights and the token ids alone, which is what a
+trainer recomputing log-probs assumes. ``token_weight_versions`` records which weights produced
+each token.
+
+Guaranteed: per-request sampling (own ``torch.Generator`` seeded from ``SamplingParams.seed``; see
+`agentrl.engine_pool.sampling` for which distribution log-probs refer to); invalid input ids
+(empty, outside the vocabulary, no room left in the model's context) raise ``ValueError`` to that
+caller only; a failing forward pass fails the requests in it with ``EngineError`` and the engine
+keeps serving; if the scheduler itself dies, every pending and later call raises ``EngineError``.
+Not guaranteed: bit-identical logits between a request run alone and in a batch (padding changes
+matmul shapes; differences are float rounding, ~1e-5 in float32, enough to flip only exact
+near-ties); fairness beyond first-come first-served admission; any prefix caching.
+
+The engine puts the model in eval mode and runs it under ``torch.inference_mode``. Sharing one
+model object with a trainer is possible (tests do it) but the trainer's ``train()`` then also
+applies to generation, which matters only for models with dropout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from agentrl.engine_pool.engine import (
+    EngineError,
+    FinishReason,
+    GenerateResult,
+    SamplingParams,
+    check_input_ids,
+)
+from agentrl.engine_pool.kv_batch import DecodeBatch
+from agentrl.engine_pool.sampling import request_generator, sample_next_tokens
+from agentrl.engine_pool.weights import apply_named_tensors
+from agentrl.models import load_model, load_tokenizer
+
+T = TypeVar("T")
+
+
+@dataclass
+class EngineStats:
+    """Counters the scheduler keeps; they only grow."""
+
+    steps: int = 0
+    """Scheduler iterations that produced tokens."""
+    prefills: int = 0
+    """Prefill forward passes (admitting requests, or rebuilding the cache after new weights)."""
+    max_rows: int = 0
+    """Most requests that received a token in a single iteration."""
+    tokens_generated: int = 0
+    """Tokens handed to requests (tokens of requests aborted mid-step are not counted)."""
+    requests_finished: int = 0
+    """Requests that ended on a stop token or a limit (aborted or failed ones are not counted)."""
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    session_id: str | None
+    input_ids: list[int]
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    future: asyncio.Future[GenerateResult]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()  # finished, aborted, failed, or the caller cancelled
+
+    def finish(self, reason: FinishReason, current_version: int) -> None:
+        if self.done:
+            return
+        result = GenerateResult(
+            token_ids=list(self.token_ids),
+            logprobs=list(self.logprobs),
+            finish_reason=reason,
+            weight_version=self.versions[-1] if self.versions else current_version,
+            token_weight_versions=list(self.versions),
+            prompt_tokens=len(self.input_ids),
+            request_id=self.request_id,
+        )
+        self.future.set_result(result)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done:
+            self.future.set_exception(error)
+
+
+class LocalEngine:
+    """The embedded engine; implements `agentrl.engine_pool.engine.Engine`.
+
+    ``model`` is ``"smollm2"``, a local model directory or ``.gguf`` path (loaded in ``dtype`` when
+    the engine starts), or an already-loaded ``PreTrainedModel`` (used as is, not copied).
+    End-of-sequence ids come from ``eos_token_ids``, else ``tokenizer``, else the model reference's
+    tokenizer, else the model's generation config. Use as ``async with LocalEngine(...) as engine``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | PreTrainedModel = "smollm2",
+        *,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        max_batch_size: int = 32,
+        dtype: str = "float32",
+        eos_token_ids: Iterable[int] | None = None,
+        weight_version: int = 0,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self._source = model
+        self._model: PreTrainedModel | None = model if isinstance(model, PreTrainedModel) else None
+        self._tokenizer = tokenizer
+        self._dtype = dtype
+        self._eos: frozenset[int] = (
+            frozenset(eos_token_ids) if eos_token_ids is not None else frozenset()
+        )
+        self.max_batch_size = max_batch_size
+        self._weight_version = weight_version
+        self._weights_epoch = 0  # bumped by every update_weights call
+        self._cache_epoch = 0  # epoch the live KV cache was computed under
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine")
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []  # row i of self._batch is self._running[i]
+        self._batch: DecodeBatch | None = None
+        self._model_lock = asyncio.Lock()  # one iteration or one weight update at a time
+        self._wakeup = asyncio.Event()
+        self._paused = False
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._ids = itertools.count()
+        self._vocab_size = 0  # these two are read from the model in start()
+        self._max_context: int | None = None
+        self.stats = EngineStats()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> LocalEngine:
+        """Load the model (off the event loop) and start the scheduler; idempotent."""
+        if self._closed:
+            raise EngineError("LocalEngine is closed")
+        if self._task is not None:
+            return self
+        if self._model is None:
+            self._model = await self._in_worker(load_model, self._source, self._dtype)
+        if not self._eos:
+            self._eos = await self._in_worker(self._default_eos)
+        self._model.eval()
+        self._vocab_size = self._model.get_input_embeddings().num_embeddings
+        self._max_context = getattr(self._model.config, "max_position_embeddings", None)
+        self._task = asyncio.create_task(self._schedule(), name="LocalEngine.scheduler")
+        return self
+
+    async def __aenter__(self) -> LocalEngine:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Abort every request (partial results, ``"abort"``), stop the scheduler and the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finish_matching(None, "abort")
+        self._wakeup.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._executor.shutdown(wait=False)
+
+    # -- the Engine protocol -----------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._weight_version
+
+    @property
+    def model(self) -> PreTrainedModel:
+        if self._model is None:
+            raise EngineError("LocalEngine has not loaded its model yet: call start()")
+        return self._model
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos
+
+    async def generate(
+        self, input_ids: Sequence[int], sampling: SamplingParams, session_id: str | None = None
+    ) -> GenerateResult:
+        """Queue one request and wait for its result (see the module docstring for scheduling)."""
+        self._check_serving()
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        ids = check_input_ids(input_ids, self._vocab_size, self._max_context)
+        request = _Request(
+            request_id=f"local-{next(self._ids)}",
+            session_id=session_id,
+            input_ids=ids,
+            sampling=sampling,
+            generator=request_generator(sampling),
+            future=asyncio.get_running_loop().create_future(),
+        )
+        self._waiting.append(request)
+        self._wakeup.set()
+        return await request.future
+
+    async def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Load tensors between iterations (see `agentrl.engine_pool.weights`); set the version.
+
+        ``version`` must not decrease; repeating it is allowed (several buckets of one update).
+        """
+        self._check_serving()
+        if version < self._weight_version:
+            raise ValueError(f"weight version {version} is older than {self._weight_version}")
+        async with self._model_lock:
+            await self._in_worker(apply_named_tensors, self.model, named_tensors)
+            self._weight_version = version
+            self._weights_epoch += 1
+
+    async def pause(self) -> None:
+        self._paused = True
+        async with self._model_lock:  # the iteration in progress, if any, finishes first
+            pass
+
+    async def resume(self) -> None:
+        self._paused = False
+        self._wakeup.set()
+
+    async def abort(self, session_id: str | None = None) -> None:
+        self._finish_matching(session_id, "abort")
+        self._wakeup.set()
+
+    # -- scheduler ---------------------------------------------------------------------------
+
+    async def _schedule(self) -> None:
+        try:
+            while await self._wait_for_work():
+                async with self._model_lock:
+                    await self._iterate()
+        except BaseException as exc:
+            self._failure = exc
+            error = EngineError(f"LocalEngine's scheduler died ({exc!r}); the engine cannot serve")
+            error.__cause__ = exc
+            for request in [*self._waiting, *self._running]:
+                request.fail(error)
+            if not isinstance(exc, Exception):  # cancellation, KeyboardInterrupt, SystemExit
+                raise
+
+    async def _wait_for_work(self) -> bool:
+        """Block until there is something to do and we are not paused; False once closed."""
+        while not self._closed and (self._paused or not (self._waiting or self._running)):
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return not self._closed
+
+    async def _iterate(self) -> None:
+        """One scheduler iteration: every active request gets one token (or fails)."""
+        await self._drop_done()
+        if self._batch is not None and self._cache_epoch != self._weights_epoch:
+            to_prefill, self._running, self._batch = self._running, [], None  # rebuild the cache
+        else:
+            to_prefill = []
+        while self._waiting and len(self._running) + len(to_prefill) < self.max_batch_size:
+            request = self._waiting.popleft()
+            if not request.done:
+                to_prefill.append(request)
+        logits: list[torch.Tensor] = []  # (rows, V) blocks, in self._running order
+        if self._batch is not None:
+            try:
+                last = [r.token_ids[-1] for r in self._running]
+                logits.append(await self._in_worker(self._batch.step, self.model, last))
+            except Exception as exc:
+                self._fail(self._running, exc)
+                self._running, self._batch, logits = [], None, []
+        if to_prefill:
+            try:
+                logits.append(await self._admit(to_prefill))
+            except Exception as exc:
+                self._fail(to_prefill, exc)
+        if not self._running:
+            return
+        try:
+            sampled = await self._in_worker(self._sample, torch.cat(logits))
+        except Exception as exc:
+            self._fail(self._running, exc)
+            self._running, self._batch = [], None
+            return
+        self._record(*sampled)
+
+    async def _admit(self, requests: list[_Request]) -> torch.Tensor:
+        """Prefill ``requests`` (input ids + tokens so far) and add them to the batch."""
+        contexts = [r.input_ids + r.token_ids for r in requests]
+        batch, logits = await self._in_worker(DecodeBatch.prefill, self.model, contexts)
+        if self._batch is None:
+            self._batch = batch
+        else:
+            await self._in_worker(self._batch.extend, batch)
+        self._running += requests
+        self._cache_epoch = self._weights_epoch
+        self.stats.prefills += 1
+        return logits
+
+    def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        rows = self._running
+        return sample_next_tokens(logits, [r.sampling for r in rows], [r.generator for r in rows])
+
+    def _record(self, tokens: list[int], logprobs: list[float]) -> None:
+        """Append each row's new token, finishing requests that hit a stop or a limit."""
+        version = self._weight_version
+        self.stats.steps += 1
+        self.stats.max_rows = max(self.stats.max_rows, len(self._running))
+        for request, token, logprob in zip(self._running, tokens, logprobs, strict=True):
+            if request.done:  # aborted or cancelled while the step ran: discard its token
+                continue
+            request.token_ids.append(token)
+            request.logprobs.append(logprob)
+            request.versions.append(version)
+            self.stats.tokens_generated += 1
+            sampling = request.sampling
+            context = len(request.input_ids) + len(request.token_ids)
+            if token in sampling.stop_token_ids or (not sampling.ignore_eos and token in self._eos):
+                request.finish("stop", version)
+            elif len(request.token_ids) >= sampling.max_new_tokens or (
+                self._max_context is not None and context >= self._max_context
+            ):
+                request.finish("length", version)
+            if request.done:
+                self.stats.requests_finished += 1
+
+    async def _drop_done(self) -> None:
+        keep = [i for i, request in enumerate(self._running) if not request.done]
+        if len(keep) == len(self._running):
+            return
+        self._running = [self._running[i] for i in keep]
+        if not keep:
+            self._batch = None
+        elif self._batch is not None:
+            await self._in_worker(self._batch.select, keep)
+
+    def _fail(self, requests: Sequence[_Request], exc: Exception) -> None:
+        error = EngineError(f"the model failed on this request's batch: {exc!r}")
+        error.__cause__ = exc
+        for request in requests:
+            request.fail(error)
+
+    def _finish_matching(self, session_id: str | None, reason: FinishReason) -> None:
+        for request in [*self._waiting, *self._running]:
+            if session_id is None or request.session_id == session_id:
+                request.finish(reason, self._weight_version)
+
+    def _check_serving(self) -> None:
+        if self._failure is not None:
+            raise EngineError(
+                f"LocalEngine's scheduler died ({self._failure!r}); the engine cannot serve"
+            ) from self._failure
+        if self._closed:
+            raise EngineError("LocalEngine is closed")
+        if self._task is None:
+            raise EngineError("LocalEngine is not started: use `async with LocalEngine(...)`")
+
+    def _default_eos(self) -> frozenset[int]:
+        if self._tokenizer is None and not isinstance(self._source, PreTrainedModel):
+            self._tokenizer = load_tokenizer(self._source)
+        if self._tokenizer is not None and self._tokenizer.eos_token_id is not None:
+            return frozenset([self._tokenizer.eos_token_id])
+        eos = self.model.generation_config.eos_token_id
+        return frozenset([eos] if isinstance(eos, int) else eos or ())
+
+    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

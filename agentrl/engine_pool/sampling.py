@@ -1,0 +1,106 @@
+"""Turning next-token logits into sampled tokens and their log-probs, one row per request.
+
+Which distribution a log-prob refers to (the trainer uses the same function, so both sides agree):
+
+* The policy at temperature ``T`` is ``softmax(logits / T)`` over the full vocabulary, computed in
+  float32. :func:`temperature_logprobs` returns ``log_softmax(logits / T)`` of given tokens; the
+  engine reports it for every sampled token and the trainer's
+  :func:`agentrl.trainer.logprobs.token_logprobs` recomputes it from a full forward pass.
+* Greedy decoding (``T == 0``) has no softmax of its own; its log-probs are taken at ``T = 1``
+  (:func:`logprob_temperature`), and the trainer must score such tokens at ``T = 1`` as well.
+* top-k and top-p only restrict which tokens may be *sampled* (top-k first, then top-p on the
+  renormalised remainder). The reported log-prob stays that of the untruncated distribution, as in
+  verl and slime, because that is what the trainer can recompute from logits alone.
+
+Each request samples with its own ``torch.Generator``; a row's token depends only on its own
+logits, parameters and generator state, never on the other rows of the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from agentrl.engine_pool.engine import SamplingParams
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The temperature log-probs are computed at: ``temperature``, or 1 for greedy (0)."""
+    return temperature if temperature > 0 else 1.0
+
+
+def temperature_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """``log_softmax(logits / T)`` at ``token_ids``, in float32, with ``T = logprob_temperature``.
+
+    ``logits`` is ``(..., V)`` and ``token_ids`` is ``(...)`` int64; the result is ``(...)``.
+    Differentiable: the trainer calls it on logits that require grad.
+    """
+    scaled = logits.float() / logprob_temperature(temperature)  # (..., V)
+    picked = scaled.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)  # (...)
+    return picked - torch.logsumexp(scaled, dim=-1)
+
+
+def filtered_probs(scaled_logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Probabilities ``(V,)`` of one row after top-k then top-p filtering (sums to 1).
+
+    ``scaled_logits`` are already divided by the temperature. ``top_k == 0`` and ``top_p == 1``
+    disable their filter; at least the most likely token always survives.
+    """
+    probs = torch.softmax(scaled_logits.float(), dim=-1)  # (V,)
+    if 0 < top_k < probs.numel():
+        keep = torch.zeros_like(probs, dtype=torch.bool)
+        keep[torch.topk(probs, top_k).indices] = True
+        probs = torch.where(keep, probs, 0.0)
+        probs = probs / probs.sum()
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        sorted_probs = torch.where(mass_before < top_p, sorted_probs, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+        probs = probs / probs.sum()
+    return probs
+
+
+def request_generator(sampling: SamplingParams) -> torch.Generator | None:
+    """A request's own generator, seeded from ``sampling.seed`` (or randomly); None if greedy."""
+    if sampling.greedy:
+        return None
+    generator = torch.Generator()
+    if sampling.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(sampling.seed)
+    return generator
+
+
+def sample_next_tokens(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> tuple[list[int], list[float]]:
+    """Sample one token per row of ``logits`` ``(B, V)``; return the tokens and their log-probs.
+
+    Row ``i`` uses ``params[i]`` and draws from ``generators[i]`` (which may be ``None`` only for
+    greedy rows). Log-probs follow :func:`temperature_logprobs` (see the module docstring).
+    """
+    if not len(params) == len(generators) == logits.shape[0]:
+        raise ValueError(
+            f"{logits.shape[0]} logit rows, {len(params)} params, {len(generators)} generators"
+        )
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    for row, sampling, generator in zip(logits.float(), params, generators, strict=True):
+        if sampling.greedy:
+            token = int(torch.argmax(row))
+        else:
+            if generator is None:
+                raise ValueError("a sampled (temperature > 0) row needs a torch.Generator")
+            probs = filtered_probs(row / sampling.temperature, sampling.top_k, sampling.top_p)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+        token_tensor = torch.tensor(token)
+        tokens.append(token)
+        logprobs.append(float(temperature_logprobs(row, token_tensor, sampling.temperature)))
+    return tokens, logprobs

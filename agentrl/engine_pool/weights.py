@@ -1,0 +1,59 @@
+"""Loading named tensors into a live model: the receiving end of weight sync.
+
+Names are the model's ``state_dict`` keys (``model.layers.0.mlp.down_proj.weight``), which is what
+a trainer's ``named_parameters()`` / FSDP2 full state dict yields for the same architecture. Tied
+weights answer to every name they are reachable under (``lm_head.weight`` and
+``model.embed_tokens.weight`` are one tensor in SmolLM2), so sending either, or both, is fine.
+
+Guarantees: one call is all-or-nothing. Every name and shape is checked before any value is copied,
+so a bad bucket leaves the model untouched. A call may cover any subset of the parameters (weights
+arrive in buckets); a name may appear once per call. Values are converted to the parameter's dtype
+and device by ``Tensor.copy_``. Not covered: checking that the buckets of one update together cover
+every parameter; callers that need that compare against :func:`parameter_names`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+def parameter_names(model: nn.Module) -> list[str]:
+    """Every name ``apply_named_tensors`` accepts for ``model`` (its ``state_dict`` keys)."""
+    return list(model.state_dict(keep_vars=True))
+
+
+def apply_named_tensors(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy ``named_tensors`` into ``model`` in place; return how many tensors were loaded.
+
+    Raises ``ValueError`` naming the offending entries, before anything is copied, when a name is
+    not in the model, appears twice, or a shape differs from the parameter's.
+    """
+    targets = model.state_dict(keep_vars=True)  # name -> the live Parameter/buffer
+    updates = list(named_tensors)
+    problems: list[str] = []
+    seen: set[str] = set()
+    for name, tensor in updates:
+        if name in seen:
+            problems.append(f"{name!r} appears more than once")
+        seen.add(name)
+        target = targets.get(name)
+        if target is None:
+            close = difflib.get_close_matches(name, list(targets), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"unknown name {name!r}{hint}")
+        elif tuple(tensor.shape) != tuple(target.shape):
+            problems.append(
+                f"{name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(target.shape)}"
+            )
+    if problems:
+        shown = "; ".join(problems[:5])
+        more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+        raise ValueError(f"cannot load weights, nothing was changed: {shown}{more}")
+    with torch.no_grad():
+        for name, tensor in updates:
+            targets[name].copy_(tensor)
+    return len(updates)

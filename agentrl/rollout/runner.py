@@ -1,0 +1,208 @@
+"""Run environments against an engine concurrently and collect token-exact trajectories.
+
+Each episode: ``areset`` gives the opening messages and tool schemas, from which the
+:class:`~agentrl.tokenization.TrajectoryBuilder` renders the prompt; each turn the engine's tokens are
+appended as produced, their decoded text is the environment's action, and the messages the
+environment returns are appended as chat-template delta tokens. Nothing is re-tokenized.
+
+Episodes run as asyncio tasks bounded by ``concurrency``; GRPO groups are ``group_size`` episodes
+reset with the same seed (so the same prompt) and sampled with different seeds. An exception from the
+environment, the engine or tokenization ends that episode with ``error`` set (prefixed ``env:``,
+``engine:`` or ``tokenization:``); it never ends the batch. Timings are recorded per turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agentrl.engine_pool import Engine, SamplingParams
+from agentrl.envs import AgentEnv, AgentWrapper
+from agentrl.rollout.trajectory import Trajectory, Turn
+from agentrl.tokenization import TokenTrajectory, TrajectoryBuilder
+
+EnvMaker = Callable[[], AgentEnv | AgentWrapper]
+
+
+@dataclass(frozen=True)
+class RolloutTask:
+    """One episode to run: reset seed and options (the prompt) and its place in its group."""
+
+    group: int
+    sample: int
+    seed: int
+    options: dict[str, Any] | None = None
+
+
+def group_tasks(prompts: int, group_size: int = 1, seed: int = 0) -> list[RolloutTask]:
+    """``prompts`` groups of ``group_size`` tasks; group ``g`` resets with seed ``seed + g``."""
+    if prompts < 1 or group_size < 1:
+        raise ValueError(f"prompts and group_size must be >= 1, got {prompts} and {group_size}")
+    return [RolloutTask(g, s, seed + g) for g in range(prompts) for s in range(group_size)]
+
+
+def turn_seed(base: int, task: RolloutTask, turn: int) -> int:
+    """A distinct, reproducible engine seed for each (task, turn)."""
+    state = np.random.SeedSequence([base, task.group, task.sample, turn]).generate_state(1)
+    return int(state[0])
+
+
+class EpisodeRunner:
+    """Runs episodes of one environment against one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        make_env: EnvMaker,
+        engine: Engine,
+        tokenizer: Any,
+        sampling: SamplingParams,
+        *,
+        env_id: str = "",
+        max_total_tokens: int = 4096,
+    ):
+        self.make_env = make_env
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.env_id = env_id
+        self.max_total_tokens = max_total_tokens
+
+    async def run(self, task: RolloutTask) -> Trajectory:
+        env = self.make_env()
+        try:
+            return await self._episode(env, task)
+        finally:
+            await env.aclose()
+
+    async def _episode(self, env: AgentEnv | AgentWrapper, task: RolloutTask) -> Trajectory:
+        try:
+            messages, info = await env.areset(seed=task.seed, options=task.options)
+        except Exception as exc:
+            return self._failed(task, "env", exc)
+        try:
+            builder = TrajectoryBuilder(self.tokenizer, messages, tools=info.get("tools") or None)
+        except Exception as exc:
+            return self._failed(task, "tokenization", exc, messages)
+        trajectory = Trajectory(
+            self.env_id, task.group, task.sample, task.seed, builder.trajectory, []
+        )
+        stage = "engine"
+        try:
+            while True:
+                prompt = builder.prompt_ids()
+                budget = self.max_total_tokens - len(prompt)
+                if budget <= 0:
+                    trajectory.truncated, trajectory.stop_reason = True, "context_length"
+                    break
+                stage = "engine"
+                sampling = self._sampling(task, len(trajectory.turns), budget)
+                start = time.perf_counter()
+                result = await self.engine.generate(
+                    prompt, sampling, session_id=self._session(task)
+                )
+                turn = Turn(
+                    len(prompt),
+                    len(result.token_ids),
+                    result.finish_reason,
+                    result.weight_version,
+                    time.perf_counter() - start,
+                )
+                trajectory.turns.append(turn)
+                stage = "tokenization"
+                text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                builder.add_completion(
+                    result.token_ids, result.logprobs, result.token_weight_versions, text
+                )
+                stage = "env"
+                start = time.perf_counter()
+                observation, reward, terminated, truncated, info = await env.astep(text)
+                turn.env_step_s = time.perf_counter() - start
+                turn.reward = float(reward)
+                trajectory.reward += float(reward)
+                if terminated or truncated:
+                    trajectory.terminated, trajectory.truncated = bool(terminated), bool(truncated)
+                    trajectory.stop_reason = "terminated" if terminated else "truncated"
+                    trajectory.reward_components = dict(info.get("reward_components", {}))
+                    break
+                stage = "tokenization"
+                builder.add_messages(observation)
+        except Exception as exc:
+            trajectory.error = f"{stage}: {type(exc).__name__}: {exc}"
+            trajectory.stop_reason = "error"
+        trajectory.tokens = builder.trajectory
+        trajectory.messages = builder.messages
+        return trajectory
+
+    def _sampling(self, task: RolloutTask, turn: int, budget: int) -> SamplingParams:
+        seed = None if self.sampling.seed is None else turn_seed(self.sampling.seed, task, turn)
+        max_new = min(self.sampling.max_new_tokens, budget)
+        return dataclasses.replace(self.sampling, seed=seed, max_new_tokens=max_new)
+
+    def _session(self, task: RolloutTask) -> str:
+        return f"{self.env_id}:{task.group}:{task.sample}:{task.seed}"
+
+    def _failed(
+        self, task: RolloutTask, stage: str, exc: Exception, messages: Sequence[Any] = ()
+    ) -> Trajectory:
+        return Trajectory(
+            self.env_id,
+            task.group,
+            task.sample,
+            task.seed,
+            TokenTrajectory.empty(),
+            list(messages),
+            stop_reason="error",
+            error=f"{stage}: {type(exc).__name__}: {exc}",
+        )
+
+    async def stream(
+        self, tasks: Iterable[RolloutTask], concurrency: int = 64
+    ) -> AsyncIterator[Trajectory]:
+        """Yield trajectories as they complete, at most ``concurrency`` episodes at a time."""
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        slots = asyncio.Semaphore(concurrency)
+
+        async def bounded(task: RolloutTask) -> Trajectory:
+            async with slots:
+                return await self.run(task)
+
+        pending = {asyncio.ensure_future(bounded(task)) for task in tasks}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    yield future.result()
+        finally:
+            for future in pending:
+                future.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def stream_groups(
+        self, tasks: Iterable[RolloutTask], concurrency: int = 64
+    ) -> AsyncIterator[list[Trajectory]]:
+        """Yield each group as soon as all of its samples completed, samples in order."""
+        tasks = list(tasks)
+        sizes: dict[int, int] = defaultdict(int)
+        for task in tasks:
+            sizes[task.group] += 1
+        partial: dict[int, list[Trajectory]] = defaultdict(list)
+        async for trajectory in self.stream(tasks, concurrency):
+            group = partial[trajectory.group]
+            group.append(trajectory)
+            if len(group) == sizes[trajectory.group]:
+                yield sorted(partial.pop(trajectory.group), key=lambda t: t.sample)
+
+    async def collect(
+        self, tasks: Iterable[RolloutTask], concurrency: int = 64
+    ) -> list[Trajectory]:
+        """All trajectories, in task order."""
+        results = [t async for t in self.stream(tasks, concurrency)]
+        return sorted(results, key=lambda t: (t.group, t.sample))

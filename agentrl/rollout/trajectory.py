@@ -1,0 +1,77 @@
+"""The trajectory record: what one episode produced, token-exact, plus what happened on each turn.
+
+A :class:`Trajectory` holds the :class:`~agentrl.tokenization.TokenTrajectory` the trainer scores (ids,
+loss mask, engine log-probs, per-token weight versions), the conversation as messages, rewards, per-turn
+timings and finish reasons, and the error that ended the episode early, if any. ``to_record`` gives a
+flat JSON-able dict (one JSONL line or one Parquet row); ``from_record`` inverts it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agentrl.envs.spaces import Message
+from agentrl.tokenization import TokenTrajectory
+
+
+@dataclass
+class Turn:
+    """One assistant turn: the engine call and the environment step that followed it."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    weight_version: int
+    generate_s: float
+    env_step_s: float = 0.0
+    reward: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    """One episode. ``group`` identifies the prompt (GRPO groups share it); ``sample`` the draw."""
+
+    env_id: str
+    group: int
+    sample: int
+    seed: int
+    tokens: TokenTrajectory
+    messages: list[Message]
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    terminated: bool = False
+    truncated: bool = False
+    stop_reason: str = ""
+    error: str | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(turn.completion_tokens for turn in self.turns)
+
+    def to_record(self) -> dict[str, Any]:
+        record = {k: v for k, v in asdict(self).items() if k not in ("tokens", "messages", "turns")}
+        record.update(self.tokens.to_dict())
+        record["messages"] = json.dumps(self.messages, ensure_ascii=False)
+        record["turns"] = json.dumps([asdict(turn) for turn in self.turns])
+        record["reward_components"] = json.dumps(self.reward_components)
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Trajectory:
+        token_fields = set(TokenTrajectory.__dataclass_fields__)
+        tokens = TokenTrajectory.from_dict({k: record[k] for k in token_fields if k in record})
+        plain = {
+            k: v
+            for k, v in record.items()
+            if k in cls.__dataclass_fields__ and k not in ("messages", "turns", "reward_components")
+        }
+        return cls(
+            **plain,
+            tokens=tokens,
+            messages=json.loads(record["messages"]),
+            turns=[Turn(**turn) for turn in json.loads(record["turns"])],
+            reward_components=json.loads(record["reward_components"]),
+        )

@@ -1,0 +1,141 @@
+"""Rollouts with the real SmolLM2 engine and real environments."""
+
+import asyncio
+
+import gymnasium
+import pytest
+from agentrl_echo import EchoEnv
+
+import agentrl  # noqa: F401
+from agentrl.engine_pool import LocalEngine, SamplingParams
+from agentrl.envs import AgentWrapper
+from agentrl.rollout import EpisodeRunner, group_tasks
+
+pytestmark = pytest.mark.slow
+
+SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24, seed=1)
+
+
+@pytest.fixture
+async def engine(smollm2, tokenizer):
+    async with LocalEngine(smollm2, tokenizer=tokenizer, max_batch_size=16) as engine:
+        yield engine
+
+
+def math_runner(engine, tokenizer, **kwargs):
+    return EpisodeRunner(
+        lambda: gymnasium.make("agentrl/Math-v0", mode="multi", max_turns=2),
+        engine,
+        tokenizer,
+        SAMPLING,
+        env_id="agentrl/Math-v0",
+        **kwargs,
+    )
+
+
+def assert_token_exact(trajectory, tokenizer):
+    tokens = trajectory.tokens
+    n = len(tokens.input_ids)
+    assert len(tokens.loss_mask) == len(tokens.logprobs) == len(tokens.versions) == n
+    engine_tokens = sum(tokens.loss_mask)
+    assert engine_tokens == trajectory.completion_tokens
+    assert all(v == 0 for v, m in zip(tokens.versions, tokens.loss_mask, strict=True) if m)
+    for turn in trajectory.turns:
+        assert turn.prompt_tokens < n
+
+
+async def test_groups_share_a_prompt_and_differ_in_samples(engine, tokenizer):
+    runner = math_runner(engine, tokenizer)
+    trajectories = await runner.collect(group_tasks(2, group_size=3, seed=5), concurrency=8)
+    assert [(t.group, t.sample) for t in trajectories] == [
+        (g, s) for g in range(2) for s in range(3)
+    ]
+    for t in trajectories:
+        assert t.error is None and t.turns and t.stop_reason in ("terminated", "truncated")
+        assert_token_exact(t, tokenizer)
+    first = [t for t in trajectories if t.group == 0]
+    assert len({t.messages[1]["content"] for t in first}) == 1, "same problem within a group"
+    assert len({tuple(t.tokens.input_ids) for t in first}) > 1, "different samples"
+    assert trajectories[0].messages[1] != trajectories[3].messages[1]
+
+
+async def test_prompt_of_each_turn_is_a_prefix_of_the_final_ids(engine, tokenizer):
+    fed = []
+
+    class Recording:
+        async def generate(self, input_ids, sampling, session_id=None):
+            fed.append(list(input_ids))
+            return await engine.generate(input_ids, sampling, session_id)
+
+    runner = EpisodeRunner(
+        lambda: EchoEnv(attempts=3),
+        Recording(),
+        tokenizer,
+        SAMPLING,
+    )
+    (trajectory,) = await runner.collect(group_tasks(1))
+    ids = trajectory.tokens.input_ids
+    assert len(fed) == len(trajectory.turns) >= 1
+    for prompt in fed:
+        assert ids[: len(prompt)] == prompt
+
+
+class ExplodingEnv(AgentWrapper):
+    async def astep(self, action):
+        raise RuntimeError("env exploded")
+
+
+async def test_env_and_engine_errors_are_recorded_not_raised(engine, tokenizer):
+    runner = EpisodeRunner(lambda: ExplodingEnv(EchoEnv()), engine, tokenizer, SAMPLING)
+    (trajectory,) = await runner.collect(group_tasks(1))
+    assert trajectory.error == "env: RuntimeError: env exploded"
+    assert trajectory.turns and sum(trajectory.tokens.loss_mask) > 0, "tokens so far are kept"
+
+    bad = SamplingParams(max_new_tokens=8, stop_token_ids=(), seed=0)
+    closed = LocalEngine(engine.model, tokenizer=tokenizer)
+    await closed.aclose()
+    runner = EpisodeRunner(EchoEnv, closed, tokenizer, bad)
+    trajectories = await runner.collect(group_tasks(3))
+    assert all(t.error and t.error.startswith("engine:") for t in trajectories)
+
+
+async def test_context_budget_bounds_every_generation(engine, tokenizer):
+    prompt = (await math_runner(engine, tokenizer, max_total_tokens=10).collect(group_tasks(1)))[0]
+    assert prompt.truncated and prompt.stop_reason == "context_length" and not prompt.turns
+
+    budget = prompt.tokens.prompt_length + 30
+    runner = math_runner(engine, tokenizer, max_total_tokens=budget)
+    trajectories = await runner.collect(group_tasks(4))
+    for t in trajectories:
+        assert t.turns and t.error is None
+        assert all(turn.prompt_tokens + turn.completion_tokens <= budget for turn in t.turns)
+        if t.stop_reason == "context_length":
+            assert t.truncated
+
+
+async def test_concurrency_limit_is_respected(engine, tokenizer):
+    active = peak = 0
+
+    class Counting(AgentWrapper):
+        async def areset(self, *, seed=None, options=None):
+            nonlocal active, peak
+            active += 1
+            peak = max(peak, active)
+            return await self.env.areset(seed=seed, options=options)
+
+        async def aclose(self):
+            nonlocal active
+            active -= 1
+            await self.env.aclose()
+
+    runner = EpisodeRunner(lambda: Counting(EchoEnv(attempts=1)), engine, tokenizer, SAMPLING)
+    trajectories = await runner.collect(group_tasks(9), concurrency=3)
+    assert len(trajectories) == 9 and peak == 3 and active == 0
+
+
+async def test_stream_groups_yields_whole_groups(engine, tokenizer):
+    runner = EpisodeRunner(lambda: EchoEnv(attempts=1), engine, tokenizer, SAMPLING)
+    groups = [g async for g in runner.stream_groups(group_tasks(3, group_size=2), concurrency=4)]
+    assert sorted(g[0].group for g in groups) == [0, 1, 2]
+    assert all([t.sample for t in g] == [0, 1] for g in groups)
+    await asyncio.sleep(0)

@@ -1,0 +1,106 @@
+"""token_logprobs and logprob_mismatch on a small randomly initialised Llama (no model load).
+
+The engine-vs-trainer check on SmolLM2 lives in tests/engine_pool/test_logprob_consistency.py,
+which shares that directory's single model load.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from agentrl.trainer.logprobs import logprob_mismatch, token_logprobs
+
+
+@pytest.fixture(scope="module")
+def tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return LlamaForCausalLM(config)
+
+
+IDS = [5, 17, 3, 42, 42, 8, 60, 1]
+
+
+def prefix_by_prefix(model: LlamaForCausalLM, ids: list[int], temperature: float) -> torch.Tensor:
+    """Independent reference: one forward per prefix, scored at the effective temperature."""
+    t_eff = temperature if temperature > 0 else 1.0
+    out = []
+    with torch.no_grad():
+        for t in range(1, len(ids)):
+            logits = model(torch.tensor([ids[:t]])).logits[0, -1]
+            out.append(torch.log_softmax(logits / t_eff, -1)[ids[t]])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_token_logprobs_scores_each_next_token(
+    tiny_llama: LlamaForCausalLM, temperature: float
+) -> None:
+    with torch.no_grad():
+        got = token_logprobs(tiny_llama, torch.tensor([IDS]), temperature)
+    assert got.shape == (1, len(IDS) - 1) and got.dtype == torch.float32
+    torch.testing.assert_close(
+        got[0], prefix_by_prefix(tiny_llama, IDS, temperature), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_padding_does_not_change_real_positions(tiny_llama: LlamaForCausalLM) -> None:
+    short = IDS[:5]
+    ids = torch.tensor([IDS, [0, 0, 0, *short], [*short, 0, 0, 0]])
+    mask = torch.tensor([[1] * 8, [0, 0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0, 0]])
+    with torch.no_grad():
+        got = token_logprobs(tiny_llama, ids, 1.0, attention_mask=mask)
+        alone = token_logprobs(tiny_llama, torch.tensor([short]), 1.0)[0]
+    torch.testing.assert_close(got[1, 3:], alone, atol=1e-5, rtol=1e-5)  # left padding
+    torch.testing.assert_close(got[2, :4], alone, atol=1e-5, rtol=1e-5)  # right padding
+
+
+def test_token_logprobs_is_differentiable(tiny_llama: LlamaForCausalLM) -> None:
+    tiny_llama.zero_grad()
+    token_logprobs(tiny_llama, torch.tensor([IDS]), 1.0).sum().backward()
+    assert tiny_llama.model.layers[0].mlp.up_proj.weight.grad.abs().sum() > 0
+    tiny_llama.zero_grad()
+
+
+def test_mismatch_compares_only_masked_positions_and_restores_mode(
+    tiny_llama: LlamaForCausalLM,
+) -> None:
+    exact = [0.0, *prefix_by_prefix(tiny_llama, IDS, 0.7).tolist()]
+    mask = [0, 0, 0, 1, 1, 1, 0, 1]
+    engine = list(exact)
+    engine[5] += 0.5  # a compared position
+    engine[1] = 99.0  # a prompt position: ignored
+    tiny_llama.eval()
+    report = logprob_mismatch(tiny_llama, IDS, engine, mask, 0.7)
+    assert not tiny_llama.training
+    assert report["n_tokens"] == 4
+    assert report["max_abs"] == pytest.approx(0.5, abs=1e-4)
+    assert report["mean_abs"] == pytest.approx(0.5 / 4, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("ids", "logprobs", "mask", "message"),
+    [
+        ([1, 2, 3], [0.0, 0.0], [0, 1, 1], "misaligned"),
+        ([1, 2, 3], [0.0, 0.0, 0.0], [1, 1, 1], "first token"),
+        ([1, 2, 3], [0.0, 0.0, 0.0], [0, 0, 0], "no tokens"),
+    ],
+)
+def test_mismatch_rejects_malformed_trajectories(
+    tiny_llama: LlamaForCausalLM,
+    ids: list[int],
+    logprobs: list[float],
+    mask: list[int],
+    message: str,
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        logprob_mismatch(tiny_llama, ids, logprobs, mask, 1.0)
