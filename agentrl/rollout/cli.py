@@ -79,7 +79,10 @@ async def _rollout(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> list
     from agentrl.rollout.runner import EpisodeRunner, group_tasks
 
     console = Console()
-    gymnasium.make(args.env, **env_kwargs).close()  # fail fast on a bad id or keyword
+    probe = gymnasium.make(args.env, **env_kwargs)  # fail fast on a bad id or keyword
+    if not hasattr(probe, "astep"):
+        raise SystemExit(f"{args.env} is not an agentrl environment (it has no async verbs)")
+    await probe.aclose()
     sampling = SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,
@@ -90,7 +93,9 @@ async def _rollout(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> list
     tasks = group_tasks(args.n, args.group_size, seed=args.seed)
     with console.status(f"loading {args.model}"):
         tokenizer = load_tokenizer(args.model)
-        engine = LocalEngine(args.model, tokenizer=tokenizer, max_batch_size=args.max_batch_size)
+        engine = await LocalEngine(
+            args.model, tokenizer=tokenizer, max_batch_size=args.max_batch_size
+        ).start()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     trajectories: list[Trajectory] = []
     start = time.perf_counter()
@@ -143,6 +148,14 @@ def summary_table(trajectories: list[Trajectory], seconds: float, out: Path) -> 
         ("wall time", f"{seconds:.1f} s"),
         ("errors", str(len(errors)) + (f" (first: {errors[0].error})" if errors else "")),
         ("written to", str(out)),
+    ]
+    components = sorted({key for t in trajectories for key in t.reward_components})
+    rows[2:2] = [
+        (
+            f"  mean {key}",
+            f"{sum(t.reward_components.get(key, 0.0) for t in trajectories) / max(n, 1):.3f}",
+        )
+        for key in components
     ]
     for key, value in rows:
         table.add_row(key, value)

@@ -9,13 +9,16 @@ Modes (``mode=``):
   at a turn with neither a tool call nor an answer. Malformed calls come back as error messages.
 
 The final answer is the content of ``<answer>...</answer>`` or of the last ``\\boxed{...}``
-(``answer_format`` picks which are accepted). Reward is 1.0 when math-verify judges it equal to the
+(``answer_format`` picks which are accepted). ``answer_format="flexible"`` also falls back to the last
+number in the text, as lm-eval's GSM8K "flexible-extract" does, for models too small to follow the
+format; such an answer is graded but scores 0 on the ``format`` component. Reward is 1.0 when math-verify judges it equal to the
 gold answer, else 0.0; ``info["reward_components"]`` has ``correct`` and ``format`` (1.0 when a final
 answer was given in an accepted format) for shaping wrappers.
 """
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +34,7 @@ from agentrl.envs.math.verifier import shared_pool
 from agentrl.tools import HermesParser, TagParser, ToolCall, ToolSet, python_tool
 
 ANSWER_TAGS = TagParser({"answer": "answer"})
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 class MathConfig(Config):
@@ -54,8 +58,9 @@ class MathConfig(Config):
     """single: one graded turn; multi: the python tool is available across turns."""
     tool_format: Literal["tags", "hermes"] = "tags"
     """How the model calls the python tool in multi mode."""
-    answer_format: Literal["boxed", "answer_tag", "either"] = "either"
-    """Which final-answer formats count: \\boxed{...}, <answer>...</answer>, or either."""
+    answer_format: Literal["boxed", "answer_tag", "either", "flexible"] = "either"
+    """Final-answer formats that count: \\boxed{...}, <answer>...</answer>, either, or flexible
+    (either, else the last number in the text, which scores 0 on the format component)."""
     system_prompt: str | None = None
     """Replaces the built-in system prompt."""
     python_timeout: float = Field(10.0, gt=0)
@@ -118,38 +123,40 @@ class MathEnv(AgentEnv):
         if self.problem is None:
             raise RuntimeError("MathEnv.step() before reset()")
         answer = extract_answer(action, self.config.answer_format)
-        if answer is not None:
-            verdict = await shared_pool.verify(
-                self.problem.answer, answer, self.config.verify_timeout
-            )
-            correct = float(verdict.correct)
-            info: dict[str, Any] = {
-                "reward_components": {"correct": correct, "format": 1.0},
-                "answer": answer,
-                "gold_answer": self.problem.answer,
-            }
-            if verdict.error:
-                info["verifier_error"] = verdict.error
-            return [], correct, True, False, info
-        if self.parser is not None:
+        if answer is None and self.parser is not None:
             parsed = self.parser.parse(action)
             if parsed.calls or parsed.errors:
                 messages = await self.tools.run(parsed.calls, parsed.errors)
                 info = {"tool_calls": len(parsed.calls), "tool_errors": len(parsed.errors)}
                 return messages, 0.0, False, False, info
-        info = {
-            "reward_components": {"correct": 0.0, "format": 0.0},
-            "answer": None,
-            "gold_answer": self.problem.answer,
-        }
-        return [], 0.0, True, False, info
+        return [], *(await self.grade(action, answer))
+
+    async def grade(
+        self, action: str, answer: str | None
+    ) -> tuple[float, bool, bool, dict[str, Any]]:
+        """The final turn: (reward, terminated, truncated, info) for ``answer`` (None: not found)."""
+        assert self.problem is not None
+        formatted = answer is not None
+        if answer is None and self.config.answer_format == "flexible":
+            answer = last_number(action)
+        info: dict[str, Any] = {"answer": answer, "gold_answer": self.problem.answer}
+        correct = 0.0
+        if answer is not None:
+            verdict = await shared_pool.verify(
+                self.problem.answer, answer, self.config.verify_timeout
+            )
+            correct = float(verdict.correct)
+            if verdict.error:
+                info["verifier_error"] = verdict.error
+        info["reward_components"] = {"correct": correct, "format": float(formatted)}
+        return correct, True, False, info
 
     def default_system_prompt(self) -> str:
-        answer = {
-            "boxed": "\\boxed{ANSWER}",
-            "answer_tag": "<answer>ANSWER</answer>",
-            "either": "\\boxed{ANSWER}",
-        }[self.config.answer_format]
+        answer = (
+            "<answer>ANSWER</answer>"
+            if self.config.answer_format == "answer_tag"
+            else "\\boxed{ANSWER}"
+        )
         prompt = (
             f"Solve the math problem. Think step by step, then give the final answer as {answer}."
         )
@@ -162,13 +169,20 @@ class MathEnv(AgentEnv):
         )
 
 
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` (thousands separators dropped), or None."""
+    numbers = NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
 def extract_answer(text: str, answer_format: str) -> str | None:
-    """The final answer in ``text``: ``<answer>`` content or the last ``\\boxed{}``, per format."""
-    if answer_format in ("answer_tag", "either"):
+    """The final answer in ``text``: ``<answer>`` content or the last ``\\boxed{}``, per format
+    (``flexible`` accepts both here; its last-number fallback is :func:`last_number`)."""
+    if answer_format in ("answer_tag", "either", "flexible"):
         tagged = [call.arguments["answer"] for call in ANSWER_TAGS.parse(text).calls]
         if tagged and tagged[-1].strip():
             return tagged[-1].strip()
-    if answer_format in ("boxed", "either"):
+    if answer_format in ("boxed", "either", "flexible"):
         boxed = last_boxed(text)
         if boxed is not None and boxed.strip():
             return boxed.strip()

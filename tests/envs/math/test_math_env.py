@@ -175,3 +175,23 @@ def test_loads_a_local_gsm8k_file(tmp_path):
     obs, info = env.reset(seed=0)
     assert obs[1]["content"] == "What is 2+3?" and info["gold_answer"] == "5"
     assert env.step("\\boxed{5}")[1] == 1.0
+
+
+@pytest.mark.parametrize("mode", ["single", "multi"])
+def test_flexible_format_grades_the_last_number_without_format_credit(mode):
+    env = make(answer_format="flexible", mode=mode)
+    _, info = env.reset(seed=1)
+    gold = info["gold_answer"]
+    _, reward, terminated, _, info = env.step(f"First 3, then 1,000, so it is {gold}.")
+    assert (reward, terminated) == (1.0, True)
+    assert info["reward_components"] == {"correct": 1.0, "format": 0.0}
+    env.reset(seed=1)
+    _, reward, _, _, info = env.step(f"\\boxed{{{gold}}} not 99999")
+    assert info["reward_components"] == {"correct": 1.0, "format": 1.0}
+
+
+def test_flexible_format_still_runs_tool_calls_first():
+    env = make(answer_format="flexible", mode="multi")
+    env.reset(seed=1)
+    obs, reward, terminated, _, _ = env.step("<python>print(2 + 2)</python> maybe 4")
+    assert (obs[0]["content"], reward, terminated) == ("4\n", 0.0, False)

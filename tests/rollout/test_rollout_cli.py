@@ -1,0 +1,54 @@
+"""`agentrl rollout` end to end with the real model, and its argument errors."""
+
+import datasets
+import pytest
+
+from agentrl.cli import main
+from agentrl.config import ConfigError
+from agentrl.rollout import Trajectory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_rollout_writes_trajectories_that_load_back_with_datasets(tmp_path, suffix, capsys):
+    out = tmp_path / f"t{suffix}"
+    code = main(
+        [
+            "rollout",
+            "--env",
+            "agentrl/Math-v0",
+            "--env-kwargs",
+            "answer_format=flexible",
+            "--n",
+            "2",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    reader = datasets.Dataset.from_json if suffix == ".jsonl" else datasets.Dataset.from_parquet
+    rows = reader(str(out))
+    assert len(rows) == 4
+    trajectories = [Trajectory.from_record(row) for row in rows]
+    assert sorted((t.group, t.sample) for t in trajectories) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(sum(t.tokens.loss_mask) == t.completion_tokens > 0 for t in trajectories)
+    printed = capsys.readouterr().out
+    assert "mean reward" in printed and "tokens/s" in printed
+
+
+@pytest.mark.parametrize(
+    ("argv", "error", "message"),
+    [
+        (["--env", "CartPole-v1"], SystemExit, "not an agentrl environment"),
+        (["--env", "agentrl/Math-v0", "--out", "x.txt"], SystemExit, r"\.jsonl or \.parquet"),
+        (["--env", "agentrl/Math-v0", "--env-kwargs", "modes=multi"], ConfigError, "modes"),
+        (["--env", "agentrl/Math-v0", "--env-kwargs", "oops"], SystemExit, "KEY=VALUE"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(argv, error, message, tmp_path):
+    with pytest.raises(error, match=message):
+        main(["rollout", *argv])
