@@ -115,3 +115,10 @@ def test_register_env_takes_a_class_and_rejects_non_agent_envs():
     assert gymnasium.make("tests/EchoClass-v0").reset(seed=0)[0]
     with pytest.raises(TypeError, match="not an AgentEnv"):
         register_env("tests/Dict-v0", dict)
+
+
+@pytest.mark.parametrize("env_id", sorted(BUILTIN_ENVS))
+def test_every_builtin_env_passes_check_env(env_id, strict_gymnasium_warnings):
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(gymnasium.make(env_id).unwrapped, skip_render_check=True)

@@ -53,3 +53,11 @@ def test_json_report(tokenizer):
 def test_missing_model_exits_2(tmp_path):
     status, out = check(str(tmp_path / "no-such-model"))
     assert status == 2 and "cannot load" in out
+
+
+def test_through_the_agentrl_command(tokenizer, capsys):
+    from agentrl.cli import main
+
+    assert main(["check-template", "smollm2"]) == 0
+    assert main(["check-template", "reasoning_stripped"]) == 1
+    assert "reasoning_dropped" in capsys.readouterr().out
