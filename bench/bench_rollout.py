@@ -8,6 +8,9 @@ Three runs over the same episodes (same prompts, seeds and engine, SmolLM2 on th
    whatever requests are waiting while other episodes wait on their tools.
 3. **engine alone**: the async run with no tool latency, the upper bound on throughput.
 
+The engine's prefix cache (on by default) is flushed before each run, so every run reuses only the KV of
+its own earlier turns.
+
 Tool latency is 0.5 s per step on average, drawn per step from an exponential distribution (the
 heavy tail of real tools: searches, sandboxes) or fixed at 0.5 s (``--latency fixed``). Prints
 generated tokens/s of each run and the ratios async/sync (target >= 3x) and async/engine-alone
@@ -107,6 +110,7 @@ async def main(args: argparse.Namespace) -> None:
         ]
         rates = {}
         for name, fn, latency in runs:
+            await engine.flush_cache()  # no run may reuse another run's prefix KV
             start = time.perf_counter()
             tokens = await fn(engine, tokenizer, tasks, sampling, env_maker(latency))
             seconds = time.perf_counter() - start

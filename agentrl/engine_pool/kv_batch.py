@@ -2,13 +2,19 @@
 
 Rows can join (``extend``) and leave (``select``) between decode steps, which is what lets
 `LocalEngine` admit a request at the next step instead of waiting for the whole batch to finish.
+A row's keys and values can be copied out (``row_kv``) and given back to a later ``prefill`` as the
+cached KV of a prefix, so that only the tokens after it are computed (prefix caching).
 
 Layout. Every layer's keys and values are ``(B, H, L, D)``; ``attention_mask`` is ``(B, L)`` with 1
 on real tokens and 0 on left padding; ``lengths[i]`` counts row i's real tokens in the cache. Rows
 of different lengths are aligned on the right, and position ids are explicit (row i's next token
 sits at position ``lengths[i]``), so padding never shifts a row's positions. The cache holds
-exactly the tokens fed so far: ``prefill`` consumes whole contexts and returns the logits of each
-row's next token; the caller samples it and feeds it with ``step``, which returns the logits after.
+exactly the tokens fed so far: ``prefill`` consumes whole contexts (or the rest of a context after
+a cached prefix) and returns the logits of each row's next token; the caller samples it and feeds
+it with ``step``, which returns the logits after. One row's KV on its own (``row_kv``) is a
+``(layers, 2, H, n, D)`` tensor: keys at index 0 and values at index 1 of the second dimension.
+A prefill on top of cached KV runs with a gap of padding between each row's cached and new
+tokens, then closes it (``_align_right``), so the layout above holds after every method.
 
 Padding is numerically inert up to float rounding: masked keys get zero attention weight, but a
 padded batch runs different matmul shapes than a lone row, so logits can differ in the last bits
@@ -46,25 +52,46 @@ class DecodeBatch:
     @classmethod
     @torch.inference_mode()
     def prefill(
-        cls, model: PreTrainedModel, contexts: Sequence[Sequence[int]], pad_id: int = 0
+        cls,
+        model: PreTrainedModel,
+        contexts: Sequence[Sequence[int]],
+        cached: Sequence[torch.Tensor | None] | None = None,
+        pad_id: int = 0,
     ) -> tuple[DecodeBatch, torch.Tensor]:
         """Run ``contexts`` (non-empty id lists) through ``model``; return the batch and the
-        ``(B, V)`` logits of each row's next token."""
+        ``(B, V)`` logits of each row's next token.
+
+        ``cached[i]``, when given and not None, is the ``(layers, 2, H, c, D)`` KV of the ``c``
+        tokens that precede ``contexts[i]`` (as ``row_kv`` returns it): only ``contexts[i]`` is
+        computed, at positions ``c, c + 1, ...``, attending to the cached keys, and the row holds
+        ``c + len(contexts[i])`` tokens. ``cached`` is copied, never modified.
+        """
         if not contexts or not all(contexts):
             raise ValueError("prefill needs at least one context and no empty context")
-        width = max(len(c) for c in contexts)
-        input_ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)  # (B, L)
-        attention_mask = torch.zeros((len(contexts), width), dtype=torch.long)  # (B, L)
-        for row, context in enumerate(contexts):
+        past_kv = list(cached) if cached is not None else [None] * len(contexts)
+        if len(past_kv) != len(contexts):
+            raise ValueError(f"{len(contexts)} contexts but {len(past_kv)} cached prefixes")
+        past = [0 if kv is None else kv.shape[-2] for kv in past_kv]
+        rows, depth, width = len(contexts), max(past), max(len(c) for c in contexts)
+        input_ids = torch.full((rows, width), pad_id, dtype=torch.long)  # (B, S)
+        # (B, P + S): row i is [pad, its c_i cached tokens | pad, its new tokens]
+        attention_mask = torch.zeros((rows, depth + width), dtype=torch.long)
+        for row, (context, n_past) in enumerate(zip(contexts, past, strict=True)):
             input_ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
-            attention_mask[row, width - len(context) :] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
+            attention_mask[row, depth - n_past : depth] = 1
+            attention_mask[row, depth + width - len(context) :] = 1
+        new_mask = attention_mask[:, depth:]  # (B, S)
+        position_ids = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(past).unsqueeze(1)
         cache = DynamicCache(config=model.config)
         unsupported = [type(layer).__name__ for layer in cache.layers if not _is_full(layer)]
         if unsupported:
             raise NotImplementedError(
                 f"DecodeBatch supports full-attention caches only, got {unsupported}"
             )
+        if depth:
+            kv = _stack_left_padded(past_kv, depth)  # (layers, 2, B, H, P, D)
+            for layer, (keys, values) in zip(cache.layers, kv, strict=True):
+                layer.update(keys, values)
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -73,8 +100,10 @@ class DecodeBatch:
             use_cache=True,
             logits_to_keep=1,
         )
-        lengths = attention_mask.sum(-1)  # (B,)
-        return cls(out.past_key_values, attention_mask, lengths), out.logits[:, -1]
+        batch = cls(out.past_key_values, attention_mask, attention_mask.sum(-1))
+        if depth:
+            batch._align_right()
+        return batch, out.logits[:, -1]
 
     @torch.inference_mode()
     def step(self, model: PreTrainedModel, token_ids: Sequence[int]) -> torch.Tensor:
@@ -93,6 +122,17 @@ class DecodeBatch:
         )
         self.lengths = self.lengths + 1
         return out.logits[:, -1]
+
+    @torch.inference_mode()
+    def row_kv(self, row: int) -> torch.Tensor:
+        """A copy of ``row``'s keys and values, real tokens only: ``(layers, 2, H, n, D)``."""
+        n = int(self.lengths[row])
+        return torch.stack(
+            [
+                torch.stack([layer.keys[row, :, -n:], layer.values[row, :, -n:]])
+                for layer in self.cache.layers
+            ]
+        )
 
     @torch.inference_mode()
     def select(self, rows: Sequence[int]) -> None:
@@ -123,6 +163,28 @@ class DecodeBatch:
             mine.values = torch.cat(
                 [_left_pad(mine.values, width, -2), _left_pad(theirs.values, width, -2)]
             )
+
+    def _align_right(self) -> None:
+        """Move every row's real tokens (in order) to the right end, dropping the gaps between
+        them and the columns no row needs, so that the layout invariant holds again."""
+        width = int(self.lengths.max())
+        # a stable sort of the 0/1 mask puts padding first and keeps the real columns in order
+        index = torch.sort(self.attention_mask, dim=-1, stable=True).indices[:, -width:]  # (B, W)
+        self.attention_mask = self.attention_mask.gather(1, index)
+        for layer in self.cache.layers:
+            heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+            expanded = index[:, None, :, None].expand(-1, heads, -1, dim)  # (B, H, W, D)
+            layer.keys = layer.keys.gather(2, expanded)
+            layer.values = layer.values.gather(2, expanded)
+
+
+def _stack_left_padded(kv: Sequence[torch.Tensor | None], depth: int) -> torch.Tensor:
+    """Per-row ``(layers, 2, H, c, D)`` KV (None for c = 0), zero-padded on the left to ``depth``
+    tokens and stacked on a batch dimension: ``(layers, 2, B, H, depth, D)``."""
+    template = next(t for t in kv if t is not None)
+    empty = template.new_zeros((*template.shape[:-2], 0, template.shape[-1]))
+    rows = [_left_pad(empty if t is None else t, depth, -2) for t in kv]
+    return torch.stack(rows, dim=2)
 
 
 def _is_full(layer: object) -> bool:

@@ -4,7 +4,7 @@ Scheduling. One asyncio task (the scheduler) owns every request's state; all mod
 dedicated worker thread, so the event loop never blocks on a forward pass. Each iteration of the
 scheduler produces one token for every active request:
 
-1. requests that finished or were aborted leave the batch (their cache rows are dropped);
+1. requests that finished or were aborted leave the batch (their KV is copied to the prefix cache);
 2. running requests feed their last token through the shared KV cache (`DecodeBatch.step`);
 3. queued requests are prefilled, up to ``max_batch_size`` rows in all, and join the batch; their
    first token is sampled in this same iteration.
@@ -12,21 +12,40 @@ scheduler produces one token for every active request:
 So a request that arrives while a step runs joins at the next step, not after the batch drains.
 A request that is aborted, or whose ``generate`` call is cancelled, frees its row at the next step.
 
+Prefix caching (`agentrl.engine_pool.prefix_cache`, `agentrl.engine_pool.admission`). When a
+request leaves the batch, for whatever reason (stop, length, abort, a cancelled call), the KV of
+the tokens it fed (its input ids and every sampled token but the last, which was never fed) is
+copied into ``prefix_cache``, keyed by those token ids. A queued request whose context shares a
+prefix with an entry prefills only the rest, at positions continuing after the prefix, on top of a
+copy of the cached KV (the entry stays in the cache), in its own forward pass when its remaining
+length differs widely from the other admissions', and then joins the batch like any other row. A
+conversation's next turn (previous prompt + completion + new messages) so computes only the last
+completion token and the new messages; aborted partial rollouts resume the same way. Matching is by
+token ids only (``session_id`` is a lookup hint). ``prefix_cache_tokens`` bounds the tokens held
+(least-recently-used entries are evicted; ``0`` disables the cache); ``flush_cache`` empties it;
+``stats`` counts hit and computed tokens. Memory: ``prefix_cache.nbytes``, at most
+``prefix_cache_tokens`` times the KV of one token (46 KB for SmolLM2-135M in float32, so 3 GB at
+the default 65536), on top of the running batch's own cache.
+
 Weights. ``update_weights`` runs between iterations (it waits for the one in progress) and bumps
 ``weight_version``. The KV cache of running requests was computed by the old weights, so the next
-iteration rebuilds it by prefilling each running request's input ids + tokens so far: after an
-update, every new token is a function of the new weights and the token ids alone, which is what a
-trainer recomputing log-probs assumes. ``token_weight_versions`` records which weights produced
-each token.
+iteration rebuilds it by prefilling each running request's input ids + tokens so far; the prefix
+cache is emptied by the update, and rows computed before it are never stored: after an update,
+every new token is a function of the new weights and the token ids alone, which is what a trainer
+recomputing log-probs assumes. ``token_weight_versions`` records which weights produced each
+token.
 
 Guaranteed: per-request sampling (own ``torch.Generator`` seeded from ``SamplingParams.seed``; see
 `agentrl.engine_pool.sampling` for which distribution log-probs refer to); invalid input ids
 (empty, outside the vocabulary, no room left in the model's context) raise ``ValueError`` to that
 caller only; a failing forward pass fails the requests in it with ``EngineError`` and the engine
-keeps serving; if the scheduler itself dies, every pending and later call raises ``EngineError``.
-Not guaranteed: bit-identical logits between a request run alone and in a batch (padding changes
-matmul shapes; differences are float rounding, ~1e-5 in float32, enough to flip only exact
-near-ties); fairness beyond first-come first-served admission; any prefix caching.
+keeps serving; if the scheduler itself dies, every pending and later call raises ``EngineError``;
+a request served from the prefix cache gets the tokens and log-probs it would get without it, up
+to the same float rounding as batching.
+Not guaranteed: bit-identical logits between a request run alone and in a batch, or with and
+without a cached prefix (padding and KV computed in another batch change matmul shapes;
+differences are float rounding, ~1e-5 in float32, enough to flip only exact near-ties); fairness
+beyond first-come first-served admission.
 
 The engine puts the model in eval mode and runs it under ``torch.inference_mode``. Sharing one
 model object with a trainer is possible (tests do it) but the trainer's ``train()`` then also
@@ -40,13 +59,13 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from agentrl.engine_pool.admission import cache_rows, prefill_admission
 from agentrl.engine_pool.engine import (
     EngineError,
     FinishReason,
@@ -55,62 +74,13 @@ from agentrl.engine_pool.engine import (
     check_input_ids,
 )
 from agentrl.engine_pool.kv_batch import DecodeBatch
+from agentrl.engine_pool.prefix_cache import PrefixCache
+from agentrl.engine_pool.request_state import EngineStats, RequestState
 from agentrl.engine_pool.sampling import request_generator, sample_next_tokens
 from agentrl.engine_pool.weights import apply_named_tensors
 from agentrl.models import load_model, load_tokenizer
 
 T = TypeVar("T")
-
-
-@dataclass
-class EngineStats:
-    """Counters the scheduler keeps; they only grow."""
-
-    steps: int = 0
-    """Scheduler iterations that produced tokens."""
-    prefills: int = 0
-    """Prefill forward passes (admitting requests, or rebuilding the cache after new weights)."""
-    max_rows: int = 0
-    """Most requests that received a token in a single iteration."""
-    tokens_generated: int = 0
-    """Tokens handed to requests (tokens of requests aborted mid-step are not counted)."""
-    requests_finished: int = 0
-    """Requests that ended on a stop token or a limit (aborted or failed ones are not counted)."""
-
-
-@dataclass(eq=False)
-class _Request:
-    request_id: str
-    session_id: str | None
-    input_ids: list[int]
-    sampling: SamplingParams
-    generator: torch.Generator | None
-    future: asyncio.Future[GenerateResult]
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        return self.future.done()  # finished, aborted, failed, or the caller cancelled
-
-    def finish(self, reason: FinishReason, current_version: int) -> None:
-        if self.done:
-            return
-        result = GenerateResult(
-            token_ids=list(self.token_ids),
-            logprobs=list(self.logprobs),
-            finish_reason=reason,
-            weight_version=self.versions[-1] if self.versions else current_version,
-            token_weight_versions=list(self.versions),
-            prompt_tokens=len(self.input_ids),
-            request_id=self.request_id,
-        )
-        self.future.set_result(result)
-
-    def fail(self, error: BaseException) -> None:
-        if not self.done:
-            self.future.set_exception(error)
 
 
 class LocalEngine:
@@ -119,7 +89,9 @@ class LocalEngine:
     ``model`` is ``"smollm2"``, a local model directory or ``.gguf`` path (loaded in ``dtype`` when
     the engine starts), or an already-loaded ``PreTrainedModel`` (used as is, not copied).
     End-of-sequence ids come from ``eos_token_ids``, else ``tokenizer``, else the model reference's
-    tokenizer, else the model's generation config. Use as ``async with LocalEngine(...) as engine``.
+    tokenizer, else the model's generation config. ``prefix_cache_tokens`` bounds the prefix cache
+    (``0`` disables it); ``prefix_cache`` may be inspected (while paused, to see a settled state),
+    not modified. Use as ``async with LocalEngine(...) as engine``.
     """
 
     def __init__(
@@ -131,9 +103,11 @@ class LocalEngine:
         dtype: str = "float32",
         eos_token_ids: Iterable[int] | None = None,
         weight_version: int = 0,
+        prefix_cache_tokens: int = 65536,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._source = model
         self._model: PreTrainedModel | None = model if isinstance(model, PreTrainedModel) else None
         self._tokenizer = tokenizer
@@ -146,8 +120,8 @@ class LocalEngine:
         self._weights_epoch = 0  # bumped by every update_weights call
         self._cache_epoch = 0  # epoch the live KV cache was computed under
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine")
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []  # row i of self._batch is self._running[i]
+        self._waiting: deque[RequestState] = deque()
+        self._running: list[RequestState] = []  # row i of self._batch is self._running[i]
         self._batch: DecodeBatch | None = None
         self._model_lock = asyncio.Lock()  # one iteration or one weight update at a time
         self._wakeup = asyncio.Event()
@@ -219,7 +193,7 @@ class LocalEngine:
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         ids = check_input_ids(input_ids, self._vocab_size, self._max_context)
-        request = _Request(
+        request = RequestState(
             request_id=f"local-{next(self._ids)}",
             session_id=session_id,
             input_ids=ids,
@@ -245,6 +219,15 @@ class LocalEngine:
             await self._in_worker(apply_named_tensors, self.model, named_tensors)
             self._weight_version = version
             self._weights_epoch += 1
+            self.prefix_cache.clear()  # computed by the old weights
+
+    async def flush_cache(self) -> None:
+        """Empty the prefix cache (SGLang's ``/flush_cache``); running requests are unaffected.
+
+        For example between benchmark runs that repeat the same prompts.
+        """
+        async with self._model_lock:
+            self.prefix_cache.clear()
 
     async def pause(self) -> None:
         self._paused = True
@@ -316,18 +299,26 @@ class LocalEngine:
             return
         self._record(*sampled)
 
-    async def _admit(self, requests: list[_Request]) -> torch.Tensor:
-        """Prefill ``requests`` (input ids + tokens so far) and add them to the batch."""
-        contexts = [r.input_ids + r.token_ids for r in requests]
-        batch, logits = await self._in_worker(DecodeBatch.prefill, self.model, contexts)
+    async def _admit(self, requests: list[RequestState]) -> torch.Tensor:
+        """Prefill ``requests`` (input ids + tokens so far) on top of their cached prefixes and
+        add them to the batch; return their next-token logits in ``self._running`` order."""
+        admission = await self._in_worker(
+            prefill_admission,
+            self.model,
+            self.prefix_cache,
+            [r.context for r in requests],
+            [r.session_id for r in requests],
+        )
         if self._batch is None:
-            self._batch = batch
+            self._batch = admission.batch
         else:
-            await self._in_worker(self._batch.extend, batch)
-        self._running += requests
+            await self._in_worker(self._batch.extend, admission.batch)
+        self._running += [requests[i] for i in admission.order]
         self._cache_epoch = self._weights_epoch
-        self.stats.prefills += 1
-        return logits
+        self.stats.prefills += admission.forwards
+        self.stats.prefix_hit_tokens += admission.cached_tokens
+        self.stats.prefill_tokens += admission.computed_tokens
+        return admission.logits
 
     def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
         rows = self._running
@@ -341,32 +332,33 @@ class LocalEngine:
         for request, token, logprob in zip(self._running, tokens, logprobs, strict=True):
             if request.done:  # aborted or cancelled while the step ran: discard its token
                 continue
-            request.token_ids.append(token)
-            request.logprobs.append(logprob)
-            request.versions.append(version)
             self.stats.tokens_generated += 1
-            sampling = request.sampling
-            context = len(request.input_ids) + len(request.token_ids)
-            if token in sampling.stop_token_ids or (not sampling.ignore_eos and token in self._eos):
-                request.finish("stop", version)
-            elif len(request.token_ids) >= sampling.max_new_tokens or (
-                self._max_context is not None and context >= self._max_context
-            ):
-                request.finish("length", version)
-            if request.done:
+            if request.append(token, logprob, version, self._eos, self._max_context):
                 self.stats.requests_finished += 1
 
     async def _drop_done(self) -> None:
-        keep = [i for i, request in enumerate(self._running) if not request.done]
-        if len(keep) == len(self._running):
+        """Remove finished rows from the batch, keeping their KV in the prefix cache first."""
+        done = [i for i, request in enumerate(self._running) if request.done]
+        if not done:
             return
+        if self._batch is not None and self._cache_epoch == self._weights_epoch:
+            leaving = [self._running[i] for i in done]  # finished, aborted or cancelled
+            await self._in_worker(
+                cache_rows,
+                self.prefix_cache,
+                self._batch,
+                done,
+                [r.context for r in leaving],
+                [r.session_id for r in leaving],
+            )
+        keep = sorted(set(range(len(self._running))) - set(done))
         self._running = [self._running[i] for i in keep]
         if not keep:
             self._batch = None
         elif self._batch is not None:
             await self._in_worker(self._batch.select, keep)
 
-    def _fail(self, requests: Sequence[_Request], exc: Exception) -> None:
+    def _fail(self, requests: Sequence[RequestState], exc: Exception) -> None:
         error = EngineError(f"the model failed on this request's batch: {exc!r}")
         error.__cause__ = exc
         for request in requests:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 import torch
+from engine_helpers import ZEROED, argmax_loop, wait_until
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentrl.engine_pool.engine import Engine, EngineError, SamplingParams
@@ -15,7 +16,6 @@ from agentrl.engine_pool.local_engine import LocalEngine
 pytestmark = pytest.mark.slow
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
-ZEROED = "model.layers.3.mlp.down_proj.weight"  # zeroing it removes layer 3's MLP
 
 
 @pytest.fixture
@@ -24,22 +24,6 @@ async def engine(
 ) -> AsyncIterator[LocalEngine]:
     async with LocalEngine(smollm2, tokenizer=tokenizer, max_batch_size=16) as engine:
         yield engine
-
-
-async def wait_until(condition: Callable[[], bool]) -> None:
-    """Poll the event loop until ``condition()`` holds (bounded so a bug fails instead of hanging)."""
-    async with asyncio.timeout(120):
-        while not condition():
-            await asyncio.sleep(0.005)
-
-
-def argmax_loop(model: PreTrainedModel, prompt: list[int], n: int) -> list[int]:
-    """Independent greedy reference: a full forward pass per token, no cache, no batching."""
-    ids = list(prompt)
-    with torch.inference_mode():
-        for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
 
 
 async def test_engine_satisfies_the_protocol(engine: LocalEngine) -> None:
