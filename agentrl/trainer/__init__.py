@@ -8,6 +8,7 @@ from agentrl.trainer.advantages import (
     grpo_advantages,
     reinforce_pp_advantages,
 )
+from agentrl.trainer.batching import balance_across_ranks, plan_micro_batches, plan_tokens
 from agentrl.trainer.distributed import DistInfo, destroy, distributed, init_distributed
 from agentrl.trainer.gae import discounted_reverse_cumsum, gae, gae_reference
 from agentrl.trainer.logprobs import logprob_mismatch, token_logprobs
@@ -28,6 +29,16 @@ from agentrl.trainer.off_policy import (
     staleness_policy,
 )
 from agentrl.trainer.optim import lr_factor
+from agentrl.trainer.packing import (
+    FILLER,
+    PACKED_ATTENTION,
+    PackedMicroBatch,
+    build_micro_batches,
+    pack,
+    pack_for_rank,
+    packed_logprobs,
+    sequence_lengths,
+)
 from agentrl.trainer.weight_sync import (
     SyncReport,
     WeightSyncError,
@@ -36,17 +47,22 @@ from agentrl.trainer.weight_sync import (
 )
 
 __all__ = [
+    "FILLER",
+    "PACKED_ATTENTION",
     "Actor",
     "ActorConfig",
     "Aggregation",
     "DistInfo",
     "KLEstimator",
     "LossFn",
+    "PackedMicroBatch",
     "StalenessDecision",
     "SyncReport",
     "WeightSyncError",
     "aggregate",
+    "balance_across_ranks",
     "broadcast_to_tokens",
+    "build_micro_batches",
     "destroy",
     "discounted_reverse_cumsum",
     "distributed",
@@ -63,8 +79,14 @@ __all__ = [
     "loss_denominator",
     "lr_factor",
     "mismatch_metrics",
+    "pack",
+    "pack_for_rank",
+    "packed_logprobs",
+    "plan_micro_batches",
+    "plan_tokens",
     "policy_loss",
     "reinforce_pp_advantages",
+    "sequence_lengths",
     "staleness",
     "staleness_policy",
     "sync_weights",
