@@ -33,6 +33,28 @@ def smollm2():
     return load_model(MODEL, dtype="float32")
 
 
+@pytest.fixture(scope="session")
+def make_tiny_llama():
+    """Build a small randomly initialised Llama (vocab 64, 2 layers) for tests that need no load."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def make(**overrides):
+        torch.manual_seed(0)
+        config = dict(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        )
+        return LlamaForCausalLM(LlamaConfig(**{**config, **overrides})).eval()
+
+    return make
+
+
 @pytest.fixture
 def strict_gymnasium_warnings():
     """Turn every warning (gymnasium's checker warns rather than fails) into an error."""

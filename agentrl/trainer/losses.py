@@ -51,10 +51,11 @@ KLEstimator = Literal["k1", "k2", "k3"]
 
 # exp() of a log-ratio beyond this is inf in float32 long before it means anything (verl clamps
 # to the same range).
-_MAX_LOG_RATIO = 20.0
+MAX_LOG_RATIO = 20.0
 
 
-def _check_aligned(*tensors: torch.Tensor) -> None:
+def check_aligned(*tensors: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless every tensor is (N, T) of one shape."""
     shape = tensors[0].shape
     if len(shape) != 2 or any(t.shape != shape for t in tensors):
         raise ValueError(
@@ -97,7 +98,7 @@ def aggregate(
     whole batch's when this is one micro-batch of it. A zero denominator (nothing to train on)
     gives 0, with a graph, instead of NaN.
     """
-    _check_aligned(values, loss_mask)
+    check_aligned(values, loss_mask)
     on = loss_mask != 0  # (N, T) bool
     if denominator is None:
         denominator = loss_denominator(loss_mask, agg, norm_length=norm_length)
@@ -163,19 +164,19 @@ def policy_loss(
     ``ratio_mean``, ``ratio_max``, ``ratio_min`` (over loss tokens; GSPO: the sequence ratio at
     each token) and ``approx_kl`` (k3 estimate of KL(old || new)).
     """
-    _check_aligned(logprobs, old_logprobs, advantages, loss_mask)
+    check_aligned(logprobs, old_logprobs, advantages, loss_mask)
     if not 0 <= clip_low < 1 or clip_high < 0:
         raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
     on = loss_mask != 0  # (N, T) bool
     advantages = advantages.detach()
     log_ratio = torch.where(on, logprobs - old_logprobs.detach(), 0.0)  # (N, T)
     if kind == "ppo":
-        ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()  # (N, T)
+        ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()  # (N, T)
     elif kind == "gspo":
         lengths = on.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
         seq_log_ratio = log_ratio.sum(-1, keepdim=True).detach() / lengths  # (N, 1)
         token_log_ratio = torch.where(on, seq_log_ratio + logprobs - logprobs.detach(), 0.0)
-        ratio = token_log_ratio.clamp(max=_MAX_LOG_RATIO).exp()  # (N, T), s_i in value
+        ratio = token_log_ratio.clamp(max=MAX_LOG_RATIO).exp()  # (N, T), s_i in value
     else:
         raise ValueError(f"unknown policy loss kind {kind!r}")
     clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)
@@ -183,7 +184,7 @@ def policy_loss(
     clipped_loss = -advantages * clipped_ratio
     per_token = torch.maximum(unclipped_loss, clipped_loss)  # (N, T)
     if token_weights is not None:
-        _check_aligned(per_token, token_weights)
+        check_aligned(per_token, token_weights)
         per_token = per_token * token_weights.detach()
     loss = aggregate(per_token, loss_mask, agg, norm_length=norm_length, denominator=denominator)
 
@@ -191,7 +192,7 @@ def policy_loss(
         ratio, log_ratio = ratio.detach(), log_ratio.detach()
         high = (ratio > 1 + clip_high) & (advantages > 0)
         low = (ratio < 1 - clip_low) & (advantages < 0)
-        k3 = torch.expm1(log_ratio.clamp(max=_MAX_LOG_RATIO)) - log_ratio
+        k3 = torch.expm1(log_ratio.clamp(max=MAX_LOG_RATIO)) - log_ratio
         metrics = {
             "clip_fraction": _masked_mean((clipped_loss > unclipped_loss).float(), on),
             "clip_high_fraction": _masked_mean(high.float(), on),
@@ -217,7 +218,7 @@ def kl_penalty(
     policy) (the forward KL; "On a few pitfalls in KL divergence gradient estimation for RL",
     Tang and Munos 2025). ``ref_logprobs`` gets no gradient; reduce with `aggregate`.
     """
-    _check_aligned(logprobs, ref_logprobs)
+    check_aligned(logprobs, ref_logprobs)
     r = ref_logprobs.detach() - logprobs  # (N, T)
     if kind == "k1":
         return -r
@@ -225,7 +226,7 @@ def kl_penalty(
         return 0.5 * r.square()
     if kind == "k3":
         # expm1 keeps k3 accurate and >= 0 when r is tiny; the clamp keeps exp finite.
-        r = r.clamp(max=_MAX_LOG_RATIO)
+        r = r.clamp(max=MAX_LOG_RATIO)
         return (torch.expm1(r) - r).clamp(min=0)
     raise ValueError(f"unknown KL estimator {kind!r}")
 

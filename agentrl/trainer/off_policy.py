@@ -27,17 +27,7 @@ from typing import Literal
 
 import torch
 
-# Log-ratios are clamped to this before exp(): a sequence's summed log-ratio over thousands of
-# tokens overflows float32 long before the weight means anything.
-_MAX_LOG_RATIO = 20.0
-
-
-def _check_aligned(*tensors: torch.Tensor) -> None:
-    shape = tensors[0].shape
-    if len(shape) != 2 or any(t.shape != shape for t in tensors):
-        raise ValueError(
-            f"expected (N, T) tensors of one shape, got {[tuple(t.shape) for t in tensors]}"
-        )
+from agentrl.trainer.losses import MAX_LOG_RATIO, check_aligned
 
 
 def _masked_mean(values: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
@@ -55,7 +45,7 @@ def _log_ratio(
     trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, loss_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``log(pi_trainer / pi_engine)`` ``(N, T)`` float32, 0 off the mask, and the bool mask."""
-    _check_aligned(trainer_logprobs, engine_logprobs, loss_mask)
+    check_aligned(trainer_logprobs, engine_logprobs, loss_mask)
     on = loss_mask != 0
     diff = trainer_logprobs.detach().float() - engine_logprobs.detach().float()
     return torch.where(on, diff, 0.0), on
@@ -71,7 +61,7 @@ def mismatch_metrics(
     engine``; ``n_tokens``. All 0 when the mask is empty.
     """
     d, on = _log_ratio(trainer_logprobs, engine_logprobs, loss_mask)
-    k3 = (torch.expm1(d.clamp(max=_MAX_LOG_RATIO)) - d).clamp(min=0)
+    k3 = (torch.expm1(d.clamp(max=MAX_LOG_RATIO)) - d).clamp(min=0)
     return {
         "mean_abs": _masked_mean(d.abs(), on),
         "max_abs": _masked_max(d.abs(), on),
@@ -129,7 +119,7 @@ def importance_weights(
         log_rho = seq.expand_as(d)
     else:
         raise ValueError(f"unknown importance level {level!r}")
-    log_rho = log_rho.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    log_rho = log_rho.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     log_cap = math.log(cap)
     zeros = torch.zeros_like(d, dtype=torch.bool)
     truncated, masked = zeros, zeros
@@ -217,7 +207,7 @@ def staleness_policy(
       `importance_weights` between the trainer and the engine, whose log-probs were computed by
       the weights that sampled the token.
     """
-    _check_aligned(versions, loss_mask)
+    check_aligned(versions, loss_mask)
     if max_staleness < 0:
         raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     on = loss_mask != 0

@@ -8,23 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from agentrl.trainer.logprobs import logprob_mismatch, token_logprobs
 
 
 @pytest.fixture(scope="module")
-def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return LlamaForCausalLM(config)
+def tiny_llama(make_tiny_llama) -> LlamaForCausalLM:
+    return make_tiny_llama()
 
 
 IDS = [5, 17, 3, 42, 42, 8, 60, 1]
