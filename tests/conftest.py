@@ -33,6 +33,15 @@ def smollm2():
     return load_model(MODEL, dtype="float32")
 
 
+@pytest.fixture
+async def engine(smollm2, tokenizer):
+    """A fresh LocalEngine (own prefix cache and stats) over the shared SmolLM2 weights."""
+    from agentrl.engine_pool import LocalEngine
+
+    async with LocalEngine(smollm2, tokenizer=tokenizer, max_batch_size=16) as engine:
+        yield engine
+
+
 @pytest.fixture(scope="session")
 def make_tiny_llama():
     """Build a small randomly initialised Llama (vocab 64, 2 layers) for tests that need no load."""

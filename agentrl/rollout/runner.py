@@ -90,8 +90,9 @@ class EpisodeRunner:
             builder = TrajectoryBuilder(self.tokenizer, messages, tools=info.get("tools") or None)
         except Exception as exc:
             return self._failed(task, "tokenization", exc, messages)
+        # tokens and messages are taken from the builder once the episode ends, on every path
         trajectory = Trajectory(
-            self.env_id, task.group, task.sample, task.seed, builder.trajectory, []
+            self.env_id, task.group, task.sample, task.seed, TokenTrajectory.empty(), []
         )
         stage = "engine"
         try:

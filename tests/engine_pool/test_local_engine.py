@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 import torch
@@ -16,14 +15,6 @@ from agentrl.engine_pool.local_engine import LocalEngine
 pytestmark = pytest.mark.slow
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
-
-
-@pytest.fixture
-async def engine(
-    smollm2: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> AsyncIterator[LocalEngine]:
-    async with LocalEngine(smollm2, tokenizer=tokenizer, max_batch_size=16) as engine:
-        yield engine
 
 
 async def test_engine_satisfies_the_protocol(engine: LocalEngine) -> None:

@@ -32,11 +32,9 @@ SAMPLED = [
 
 
 @pytest.fixture
-async def cached(
-    smollm2: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> AsyncIterator[LocalEngine]:
-    async with LocalEngine(smollm2, tokenizer=tokenizer, max_batch_size=16) as engine:
-        yield engine
+def cached(engine: LocalEngine) -> LocalEngine:
+    """The shared engine fixture (prefix cache on by default), named against ``uncached``."""
+    return engine
 
 
 @pytest.fixture

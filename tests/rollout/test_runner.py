@@ -16,12 +16,6 @@ pytestmark = pytest.mark.slow
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24, seed=1)
 
 
-@pytest.fixture
-async def engine(smollm2, tokenizer):
-    async with LocalEngine(smollm2, tokenizer=tokenizer, max_batch_size=16) as engine:
-        yield engine
-
-
 def math_runner(engine, tokenizer, **kwargs):
     return EpisodeRunner(
         lambda: gymnasium.make("agentrl/Math-v0", mode="multi", max_turns=2),
