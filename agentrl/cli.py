@@ -7,6 +7,7 @@ import argparse
 import importlib
 
 SUBCOMMANDS = {
+    "train": ("agentrl.trainer.cli", "train a policy with RL from a YAML config"),
     "rollout": ("agentrl.rollout.cli", "run an environment against the embedded engine"),
     "check-template": ("agentrl.tokenization.cli", "check whether a chat template is append-only"),
 }

@@ -70,3 +70,21 @@ def strict_gymnasium_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         yield
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_dir(tmp_path_factory, tokenizer, make_tiny_llama):
+    """A randomly initialised 2-layer Llama over SmolLM2's vocabulary, saved with SmolLM2's
+    tokenizer as a Hugging Face directory: a whole training run in seconds (its text is noise)."""
+    path = tmp_path_factory.mktemp("tiny-policy")
+    model = make_tiny_llama(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

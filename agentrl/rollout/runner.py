@@ -9,6 +9,12 @@ Episodes run as asyncio tasks bounded by ``concurrency``; GRPO groups are ``grou
 reset with the same seed (so the same prompt) and sampled with different seeds. An exception from the
 environment, the engine or tokenization ends that episode with ``error`` set (prefixed ``env:``,
 ``engine:`` or ``tokenization:``); it never ends the batch. Timings are recorded per turn.
+
+Partial rollouts. With ``resume_aborted=True`` a generation the engine aborts (the trainer does
+that before a weight update when ``stream.partial_rollouts="abort"``) keeps its tokens and is
+continued from them with the rest of the turn's token budget, under whatever weights the engine
+then has; each token keeps the version that produced it. (Under ``"pause"`` the engine itself
+carries running requests across the update and the runner sees one call.)
 """
 
 from __future__ import annotations
@@ -54,6 +60,11 @@ def turn_seed(base: int, task: RolloutTask, turn: int) -> int:
     return int(state[0])
 
 
+def _derived_seed(seed: int, piece: int) -> int:
+    """The sampling seed of the ``piece``-th continuation of an aborted generation."""
+    return int(np.random.SeedSequence([seed, piece]).generate_state(1)[0])
+
+
 class EpisodeRunner:
     """Runs episodes of one environment against one engine (see the module docstring)."""
 
@@ -66,6 +77,7 @@ class EpisodeRunner:
         *,
         env_id: str = "",
         max_total_tokens: int = 4096,
+        resume_aborted: bool = False,
     ):
         self.make_env = make_env
         self.engine = engine
@@ -73,6 +85,7 @@ class EpisodeRunner:
         self.sampling = sampling
         self.env_id = env_id
         self.max_total_tokens = max_total_tokens
+        self.resume_aborted = resume_aborted
 
     async def run(self, task: RolloutTask) -> Trajectory:
         env = self.make_env()
@@ -105,22 +118,9 @@ class EpisodeRunner:
                 stage = "engine"
                 sampling = self._sampling(task, len(trajectory.turns), budget)
                 start = time.perf_counter()
-                result = await self.engine.generate(
-                    prompt, sampling, session_id=self._session(task)
-                )
-                turn = Turn(
-                    len(prompt),
-                    len(result.token_ids),
-                    result.finish_reason,
-                    result.weight_version,
-                    time.perf_counter() - start,
-                )
+                turn, text = await self._generate_turn(builder, task, sampling, len(prompt))
+                turn.generate_s = time.perf_counter() - start
                 trajectory.turns.append(turn)
-                stage = "tokenization"
-                text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-                builder.add_completion(
-                    result.token_ids, result.logprobs, result.token_weight_versions, text
-                )
                 stage = "env"
                 start = time.perf_counter()
                 observation, reward, terminated, truncated, info = await env.astep(text)
@@ -140,6 +140,45 @@ class EpisodeRunner:
         trajectory.tokens = builder.trajectory
         trajectory.messages = builder.messages
         return trajectory
+
+    async def _generate_turn(
+        self,
+        builder: TrajectoryBuilder,
+        task: RolloutTask,
+        sampling: SamplingParams,
+        prompt_tokens: int,
+    ) -> tuple[Turn, str]:
+        """One assistant turn into ``builder``: one engine call, or several when
+        ``resume_aborted`` continues a generation the engine aborted (a weight update under
+        partial rollouts). Returns the turn record and the turn's text (the env's action)."""
+        turn_ids: list[int] = []
+        pieces = 0
+        while True:
+            result = await self.engine.generate(
+                builder.prompt_ids(), sampling, session_id=self._session(task)
+            )
+            turn_ids.extend(result.token_ids)
+            pieces += 1
+            remaining = sampling.max_new_tokens - len(result.token_ids)
+            again = self.resume_aborted and result.finish_reason == "abort" and remaining > 0
+            # one piece: its own text; pieces: decoded together (a piece boundary may split a
+            # multi-byte character), so the builder decodes the whole turn itself
+            text = None if again or pieces > 1 else self._decode(result.token_ids)
+            builder.add_completion(
+                result.token_ids, result.logprobs, result.token_weight_versions, text
+            )
+            if not again:
+                break
+            seed = None if sampling.seed is None else _derived_seed(sampling.seed, pieces)
+            sampling = dataclasses.replace(sampling, max_new_tokens=remaining, seed=seed)
+        finish = result.finish_reason
+        if finish == "abort" and self.resume_aborted:
+            finish = "length"  # the abort came as the token budget ran out
+        turn = Turn(prompt_tokens, len(turn_ids), finish, result.weight_version, 0.0, pieces=pieces)
+        return turn, text if pieces == 1 and text is not None else self._decode(turn_ids)
+
+    def _decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def _sampling(self, task: RolloutTask, turn: int, budget: int) -> SamplingParams:
         seed = None if self.sampling.seed is None else turn_seed(self.sampling.seed, task, turn)

@@ -27,6 +27,8 @@ class Turn:
     generate_s: float
     env_step_s: float = 0.0
     reward: float = 0.0
+    pieces: int = 1
+    """Engine calls this turn took: more than 1 when an aborted generation was continued."""
 
 
 @dataclass

@@ -182,6 +182,13 @@ def packed_logprobs(
     model as the caller left it (train mode and grad: differentiable). Raises ``ValueError`` for an
     attention implementation not in :data:`PACKED_ATTENTION`.
     """
+    return packed_forward(model, batch, temperature)[0]
+
+
+def packed_forward(
+    model: PreTrainedModel, batch: PackedMicroBatch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`packed_logprobs` and the logits ``(1, T, V)`` they came from (for entropy)."""
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation not in PACKED_ATTENTION:
         raise ValueError(
@@ -193,7 +200,7 @@ def packed_logprobs(
     ).logits  # (1, T, V)
     scored = temperature_logprobs(logits[:, :-1], batch.input_ids[:, 1:], temperature)  # (1, T-1)
     aligned = F.pad(scored, (1, 0))  # (1, T): entry t scores token t
-    return aligned.masked_fill(batch.position_ids == 0, 0.0)
+    return aligned.masked_fill(batch.position_ids == 0, 0.0), logits
 
 
 def _raw_columns(seq: SequenceLike) -> Mapping[str, Any]:

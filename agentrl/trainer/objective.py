@@ -1,0 +1,170 @@
+"""The training objective over packed micro-batches: the ``loss_fn`` the actor's step calls.
+
+One packed forward gives the trainer's log-probs of every token (at the sampling temperature) and
+the logits; everything else is per-sequence rows (:meth:`PackedMicroBatch.as_rows`) so that
+sequence-level aggregation and GSPO see one row per trajectory:
+
+* the policy loss (:func:`~agentrl.trainer.losses.policy_loss`, PPO-clip or GSPO) against
+  ``old_logprobs``: the trainer's own log-probs before this update (detached: with one optimizer
+  step per batch they *are* the pre-update values, so no second forward is needed), or the
+  engine's;
+* with trainer ``old_logprobs``, importance weights from the engine's distribution to the
+  trainer's (:func:`~agentrl.trainer.off_policy.importance_weights`, TIS or MIS): this corrects
+  both numerical mismatch and staleness, because the engine's log-probs were computed by the
+  weights that sampled each token;
+* an optional KL penalty to a frozen reference model;
+* logging: train/inference mismatch (mean and max ``|Δ log-prob|``, KL), entropy, clip fractions.
+
+Metric plumbing. :meth:`Actor.train_step` divides every metric sum by the loss's global
+denominator; :class:`Objective` reports token-weighted sums plus a ``tokens`` count, so the
+token-mean of a metric over the whole batch (every rank) is ``reported[m] / reported["tokens"]``
+(:meth:`Objective.finish`). Maxima and minima cannot be summed: they are kept per rank in
+:attr:`Objective.extremes` and reduced with an all-reduce by :meth:`Objective.finish`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from agentrl.trainer.losses import (
+    aggregate,
+    entropy_from_logits,
+    kl_penalty,
+    loss_denominator,
+    policy_loss,
+)
+from agentrl.trainer.off_policy import importance_weights, mismatch_metrics
+from agentrl.trainer.packing import PackedMicroBatch, packed_forward
+from agentrl.trainer.train_config import AlgorithmConfig
+
+MEAN_METRICS = {
+    "clip_fraction": "policy/clip_fraction",
+    "clip_high_fraction": "policy/clip_high_fraction",
+    "clip_low_fraction": "policy/clip_low_fraction",
+    "ratio_mean": "policy/ratio_mean",
+    "approx_kl": "policy/approx_kl",
+}
+EXTREME_METRICS = {"ratio_max": "policy/ratio_max", "ratio_min": "policy/ratio_min"}
+EXTREME_KEYS = ("mismatch/max_abs", "policy/ratio_max", "policy/ratio_min")
+
+
+class Objective:
+    """``loss_fn(model, micro_batch)`` for :meth:`Actor.train_step` (see the module docstring).
+
+    Micro-batches are :class:`PackedMicroBatch` with fields ``logprobs`` (the engine's),
+    ``advantages`` and ``versions``. ``reference`` is the frozen model of the KL penalty, required
+    when ``config.kl_coef > 0``.
+    """
+
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        *,
+        temperature: float,
+        norm_length: int | None = None,
+        reference: nn.Module | None = None,
+    ) -> None:
+        if config.kl_coef > 0 and reference is None:
+            raise ValueError("algorithm.kl_coef > 0 needs a reference model")
+        self.config = config
+        self.temperature = temperature
+        self.norm_length = config.norm_length or norm_length
+        self.reference = reference
+        self.extremes: dict[str, float] = {}
+        """Per-rank maxima since the last :meth:`finish` (minima stored negated)."""
+
+    def __call__(
+        self, model: nn.Module, batch: PackedMicroBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        cfg = self.config
+        logprobs, logits = packed_forward(model, batch, self.temperature)  # (1, T), (1, T, V)
+        rows = batch.as_rows
+        lp = rows(logprobs)  # (S, L)
+        mask = rows(batch.loss_mask.float())
+        engine = rows(batch.fields["logprobs"].float())
+        advantages = rows(batch.fields["advantages"].float())
+        weights = None
+        is_metrics: dict[str, torch.Tensor] = {}
+        if cfg.old_logprobs == "trainer":
+            old = lp.detach()
+            if cfg.importance_correction != "none":
+                weights, is_metrics = importance_weights(
+                    lp,
+                    engine,
+                    mask,
+                    mode=cfg.importance_correction,
+                    level=cfg.importance_level,
+                    cap=cfg.importance_cap,
+                )
+        else:
+            old = engine
+        agg, norm = cfg.aggregation, self.norm_length
+        loss, metrics = policy_loss(
+            lp,
+            old,
+            advantages,
+            mask,
+            kind=cfg.loss,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            agg=agg,
+            norm_length=norm,
+            denominator=1,
+            token_weights=weights,
+        )
+        tokens = mask.sum()
+        sums = {MEAN_METRICS[k]: v * tokens for k, v in metrics.items() if k in MEAN_METRICS}
+        if self.reference is not None and cfg.kl_coef > 0:
+            with torch.no_grad():
+                reference = rows(packed_forward(self.reference, batch, self.temperature)[0])
+            kl = kl_penalty(lp, reference, cfg.kl_estimator)
+            loss = loss + cfg.kl_coef * aggregate(kl, mask, agg, norm_length=norm, denominator=1)
+            sums["policy/kl_ref"] = torch.where(mask != 0, kl.detach(), 0.0).sum()
+        with torch.no_grad():
+            mismatch = mismatch_metrics(lp, engine, mask)
+            sums["mismatch/mean_abs"] = mismatch["mean_abs"] * tokens
+            sums["mismatch/kl"] = mismatch["kl"] * tokens
+            entropy = rows(entropy_from_logits(logits.detach())) if logits.shape[1] else lp
+            sums["policy/entropy"] = torch.where(mask != 0, entropy, 0.0).sum()
+            for name, value in is_metrics.items():
+                if name in ("ratio_mean", "truncated_fraction", "masked_fraction", "weight_mean"):
+                    sums[f"importance/{name}"] = value * tokens
+        sums["tokens"] = tokens
+        if batch.n_loss_tokens:
+            self._extreme("mismatch/max_abs", float(mismatch["max_abs"]))
+            for name, key in EXTREME_METRICS.items():
+                value = float(metrics[name])
+                self._extreme(key, -value if name == "ratio_min" else value)
+        return loss, loss_denominator(mask, agg, norm_length=norm), sums
+
+    def _extreme(self, key: str, value: float) -> None:
+        self.extremes[key] = max(self.extremes.get(key, -float("inf")), value)
+
+    def finish(self, reported: Mapping[str, float], device: torch.device) -> dict[str, float]:
+        """Turn :meth:`Actor.train_step`'s report into batch-level metrics (a collective)."""
+        tokens = reported.get("tokens", 0.0)
+        out: dict[str, float] = {}
+        for name, value in reported.items():
+            if name == "tokens":
+                continue
+            if "/" in name:  # a token-weighted sum / D: make it a token mean
+                out[name] = value / tokens if tokens else 0.0
+            else:
+                out[f"train/{name}"] = value
+        names = EXTREME_KEYS  # the same on every rank, whatever each rank saw
+        values = torch.tensor(
+            [self.extremes.get(n, -math.inf) for n in names], dtype=torch.float64, device=device
+        )
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        for name, value in zip(names, values.tolist(), strict=True):
+            if not math.isfinite(value):
+                value = math.nan  # no loss token anywhere
+            out[name] = -value if name == "policy/ratio_min" else value
+        self.extremes = {}
+        return out

@@ -1,0 +1,152 @@
+"""From completed GRPO groups to the sequences the trainer packs: advantages, staleness, metrics.
+
+:func:`build_batch` takes the groups one step trains on and returns one column mapping per
+trajectory that still has loss tokens (``input_ids``, ``loss_mask``, the engine's ``logprobs``, the
+per-token weight ``versions`` and the trajectory's ``advantages``), ready for
+:func:`agentrl.trainer.packing.pack_for_rank`, plus the batch's metrics.
+
+* Advantages are computed per group over the trajectories that did not fail; a failed episode
+  (``Trajectory.error``: an environment, engine or tokenization error) is excluded from both the
+  group statistics and the loss, and counted in ``episodes/errors``.
+* The staleness bound (:func:`agentrl.trainer.off_policy.staleness_policy`) is applied per token;
+  under ``drop`` a group with any stale token is dropped whole, so groups stay together.
+* Trailing tokens off the loss mask (the chat-template delta of a last environment message that
+  no generation followed) are trimmed: nothing is scored after them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.trainer.advantages import grpo_advantages, reinforce_pp_advantages
+from agentrl.trainer.off_policy import staleness_policy
+from agentrl.trainer.train_config import AlgorithmConfig, StreamConfig
+
+
+@dataclass
+class TrainingBatch:
+    """What one step trains on (identical on every rank) and what the batch looked like."""
+
+    sequences: list[dict[str, Any]]
+    """Per trajectory with loss tokens: ``input_ids``, ``loss_mask``, ``logprobs``, ``versions``
+    (lists) and ``advantages`` (a float)."""
+    metrics: dict[str, float]
+    """``reward/*``, ``episodes/*``, ``response_length/*``, ``staleness/*``, ``batch/*``."""
+
+
+def advantages_for(rewards: torch.Tensor, group_ids: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-trajectory advantages ``(N,)`` float64 under ``AlgorithmConfig.advantage``."""
+    if kind == "grpo":
+        return grpo_advantages(rewards, group_ids)
+    if kind == "dr_grpo":
+        return grpo_advantages(rewards, group_ids, scale_by_std=False)
+    if kind == "reinforce_pp":
+        return reinforce_pp_advantages(rewards)
+    if kind == "reinforce_pp_baseline":
+        return reinforce_pp_advantages(rewards, group_ids)
+    raise ValueError(f"unknown advantage estimator {kind!r}")
+
+
+def build_batch(
+    groups: Sequence[Sequence[Trajectory]],
+    algorithm: AlgorithmConfig,
+    stream: StreamConfig,
+    current_version: int,
+) -> TrainingBatch:
+    """The sequences and metrics of one step (see the module docstring)."""
+    episodes = [t for group in groups for t in group]
+    ok = [t for t in episodes if t.error is None and len(t.tokens) > 0]
+    metrics = _episode_metrics(episodes, len(groups))
+    if not ok:
+        return TrainingBatch([], {**metrics, "batch/sequences": 0.0, "batch/loss_tokens": 0.0})
+    rewards = torch.tensor([t.reward for t in ok], dtype=torch.float64)
+    group_ids = torch.tensor([t.group for t in ok], dtype=torch.int64)
+    advantages = advantages_for(rewards, group_ids, algorithm.advantage)
+
+    masks = [torch.tensor(t.tokens.loss_mask, dtype=torch.int64) for t in ok]
+    versions = [torch.tensor(t.tokens.versions, dtype=torch.int64) for t in ok]
+    decision = staleness_policy(
+        pad_sequence(versions, batch_first=True, padding_value=-1),
+        pad_sequence(masks, batch_first=True),
+        current_version,
+        max_staleness=stream.max_staleness,
+        mode=stream.staleness_mode,
+    )
+    loss_masks = decision.loss_mask
+    if stream.staleness_mode == "drop":
+        stale_groups = {
+            t.group for t, keep in zip(ok, decision.keep.tolist(), strict=True) if not keep
+        }
+        in_stale_group = torch.tensor([t.group in stale_groups for t in ok])
+        loss_masks = loss_masks * (~in_stale_group)[:, None]
+        metrics["staleness/dropped_groups"] = float(len(stale_groups))
+    for name, value in decision.metrics.items():
+        metrics[f"staleness/{name}"] = float(value)
+
+    sequences = []
+    for i, trajectory in enumerate(ok):
+        mask = loss_masks[i, : len(trajectory.tokens)].tolist()
+        if not any(mask):
+            continue
+        end = max(j for j, m in enumerate(mask) if m) + 1  # trim trailing tokens off the mask
+        tokens = trajectory.tokens
+        sequences.append(
+            {
+                "input_ids": tokens.input_ids[:end],
+                "loss_mask": mask[:end],
+                "logprobs": tokens.logprobs[:end],
+                "versions": tokens.versions[:end],
+                "advantages": float(advantages[i]),
+            }
+        )
+    zero = _zero_advantage_groups(ok, advantages)
+    metrics.update(
+        {
+            "advantage/mean": float(advantages.mean()),
+            "advantage/abs_mean": float(advantages.abs().mean()),
+            "batch/zero_advantage_groups": float(zero),
+            "batch/sequences": float(len(sequences)),
+            "batch/loss_tokens": float(sum(sum(s["loss_mask"]) for s in sequences)),
+            "batch/tokens": float(sum(len(s["input_ids"]) for s in sequences)),
+        }
+    )
+    return TrainingBatch(sequences, metrics)
+
+
+def _zero_advantage_groups(ok: Sequence[Trajectory], advantages: torch.Tensor) -> int:
+    by_group: dict[int, list[float]] = {}
+    for trajectory, advantage in zip(ok, advantages.tolist(), strict=True):
+        by_group.setdefault(trajectory.group, []).append(advantage)
+    return sum(all(a == 0 for a in values) for values in by_group.values())
+
+
+def _episode_metrics(episodes: Sequence[Trajectory], groups: int) -> dict[str, float]:
+    n = max(len(episodes), 1)
+    rewards = torch.tensor([t.reward for t in episodes] or [0.0], dtype=torch.float64)
+    lengths = torch.tensor([t.completion_tokens for t in episodes] or [0], dtype=torch.float64)
+    metrics = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(episodes) > 1 else 0.0,
+        "reward/max": float(rewards.max()),
+        "episodes/count": float(len(episodes)),
+        "episodes/groups": float(groups),
+        "episodes/errors": float(sum(t.error is not None for t in episodes)),
+        "episodes/truncated": float(sum(t.truncated for t in episodes)) / n,
+        "episodes/turns_mean": sum(len(t.turns) for t in episodes) / n,
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "response_length/clip_fraction": sum(
+            bool(t.turns) and t.turns[-1].finish_reason == "length" for t in episodes
+        )
+        / n,
+    }
+    components = sorted({key for t in episodes for key in t.reward_components})
+    for key in components:
+        metrics[f"reward/{key}"] = sum(t.reward_components.get(key, 0.0) for t in episodes) / n
+    return metrics

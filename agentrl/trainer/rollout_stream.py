@@ -1,0 +1,161 @@
+"""Rollouts as a stream: groups are launched under a staleness allowance and queued when complete.
+
+:class:`RolloutStream` runs GRPO groups (``group_size`` episodes sharing a reset seed) against
+one :class:`~agentrl.rollout.runner.EpisodeRunner` in the background and puts each group on a
+queue as soon as all of its episodes finished, samples in order. The trainer takes
+``groups_per_step`` groups per step with :meth:`next_groups`, whichever finished first.
+
+Launch allowance (the staleness bound's first half, as in AReaL). At most ``(1 + max_staleness)
+* groups_per_step`` groups are launched ahead of what the trainer consumed: each
+:meth:`advance` (called after every weight update) allows ``groups_per_step`` more. With
+``max_staleness = 0`` the groups of step ``s`` start only once the weights of step ``s`` are in
+the engine: synchronous on-policy training, where the queue never holds more than one batch.
+With ``k > 0`` rollouts for the next ``k`` steps run while the trainer trains; a group that is
+slower than its peers can still be consumed later than planned, so the trainer also applies the
+bound per token (:func:`agentrl.trainer.off_policy.staleness_policy`) when it builds the batch.
+
+Data position. Group ``g`` resets with seed ``seed + g``; the stream's :attr:`state` (the next new
+group and the groups launched but not yet consumed) goes into checkpoints, and a stream built
+from it launches the unconsumed groups again first, so a resumed run sees the same prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from agentrl.rollout.runner import EpisodeRunner, RolloutTask
+from agentrl.rollout.trajectory import Trajectory
+
+Group = list[Trajectory]
+
+
+class RolloutStream:
+    """Background producer of completed groups (see the module docstring)."""
+
+    def __init__(
+        self,
+        runner: EpisodeRunner,
+        *,
+        group_size: int,
+        groups_per_step: int,
+        max_staleness: int = 0,
+        concurrency: int = 64,
+        seed: int = 0,
+        next_group: int = 0,
+        pending_groups: Iterable[int] = (),
+    ) -> None:
+        if group_size < 1 or groups_per_step < 1 or max_staleness < 0 or concurrency < 1:
+            raise ValueError(
+                "need group_size, groups_per_step, concurrency >= 1 and max_staleness >= 0"
+            )
+        self.runner = runner
+        self.group_size = group_size
+        self.groups_per_step = groups_per_step
+        self.seed = seed
+        self._next_group = next_group
+        self._relaunch = sorted(pending_groups)
+        self._allowance = (1 + max_staleness) * groups_per_step  # launches allowed so far
+        self._launches = 0
+        self._launched: set[int] = set()  # launched, not yet consumed
+        self._slots = asyncio.Semaphore(concurrency)
+        self._queue: asyncio.Queue[Group] = asyncio.Queue()
+        self._wakeup = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._producer: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._failed = asyncio.Event()
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The data position: ``next_group`` and ``pending_groups`` (launched, not consumed)."""
+        pending = sorted(self._launched | set(self._relaunch))
+        return {"next_group": self._next_group, "pending_groups": pending}
+
+    @property
+    def in_flight(self) -> int:
+        """Groups launched and not yet complete."""
+        return len(self._tasks)
+
+    @property
+    def ready(self) -> int:
+        """Complete groups waiting in the queue."""
+        return self._queue.qsize()
+
+    def start(self) -> None:
+        if self._producer is None:
+            self._producer = asyncio.create_task(self._produce(), name="rollout-stream")
+
+    def advance(self) -> None:
+        """Allow ``groups_per_step`` more launches (call it after each weight update)."""
+        self._allowance += self.groups_per_step
+        self._wakeup.set()
+
+    async def next_groups(self, stop: asyncio.Event | None = None) -> list[Group] | None:
+        """The next ``groups_per_step`` complete groups (in group order), or None once ``stop``
+        is set first (groups already taken go back to the queue). Raises ``RuntimeError`` if an
+        episode could not even start (e.g. the environment cannot be made)."""
+        groups: list[Group] = []
+        while len(groups) < self.groups_per_step:
+            self._raise_failure()
+            getter = asyncio.ensure_future(self._queue.get())
+            others = [asyncio.ensure_future(self._failed.wait())]
+            if stop is not None:
+                others.append(asyncio.ensure_future(stop.wait()))
+            await asyncio.wait([getter, *others], return_when=asyncio.FIRST_COMPLETED)
+            for waiter in others:
+                waiter.cancel()
+            if getter.done():
+                groups.append(getter.result())
+                continue
+            getter.cancel()  # safe: a cancelled get leaves its item in the queue
+            self._raise_failure()
+            for group in groups:
+                self._queue.put_nowait(group)
+            return None
+        groups.sort(key=lambda g: g[0].group)
+        for group in groups:
+            self._launched.discard(group[0].group)
+        return groups
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(f"rollouts failed: {self._failure!r}") from self._failure
+
+    async def aclose(self) -> None:
+        """Cancel the producer and every episode in flight (their environments are closed)."""
+        tasks = [t for t in (self._producer, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._producer = None
+
+    async def _produce(self) -> None:
+        while True:
+            while self._launches >= self._allowance:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            group = self._relaunch.pop(0) if self._relaunch else self._take_next()
+            self._launched.add(group)
+            self._launches += 1
+            task = asyncio.create_task(self._run_group(group), name=f"group-{group}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _take_next(self) -> int:
+        group, self._next_group = self._next_group, self._next_group + 1
+        return group
+
+    async def _run_group(self, group: int) -> None:
+        async def one(sample: int) -> Trajectory:
+            async with self._slots:
+                return await self.runner.run(RolloutTask(group, sample, self.seed + group))
+
+        try:
+            trajectories = await asyncio.gather(*(one(s) for s in range(self.group_size)))
+        except Exception as exc:  # the runner records episode errors; this is worse
+            self._failure = exc
+            self._failed.set()
+            return
+        self._queue.put_nowait(list(trajectories))

