@@ -29,8 +29,8 @@ DEFAULT_KEYS = (
     "reward/mean",
     "mismatch/mean_abs",
     "mismatch/max_abs",
-    "loss",
-    "grad_norm",
+    "train/loss",
+    "train/grad_norm",
     "response_length/mean",
 )
 """The metrics `plot_curves` draws unless told otherwise."""

@@ -44,7 +44,7 @@ from rich.text import Text
 
 from agentrl.trainer.metrics import scalar_value
 
-DEFAULT_PROGRESS_KEYS = ("reward/mean", "mismatch/max_abs", "loss", "grad_norm")
+DEFAULT_PROGRESS_KEYS = ("reward/mean", "mismatch/max_abs", "train/loss", "train/grad_norm")
 """The metrics `TrainProgress` shows unless told otherwise."""
 SEPARATOR = " | "
 
@@ -59,8 +59,9 @@ def format_value(value: float | int) -> str:
 
 
 def metric_label(key: str) -> str:
-    """The name shown for ``key``: ``"reward/mean"`` -> ``"reward"``, others unchanged."""
-    return key.removesuffix("/mean")
+    """The name shown for ``key``: ``"reward/mean"`` -> ``"reward"``, ``"train/loss"`` ->
+    ``"loss"``, others unchanged."""
+    return key.removesuffix("/mean").removeprefix("train/")
 
 
 class TrainProgress:

@@ -24,8 +24,8 @@ def records(steps: int = 30) -> list[dict]:
             "step": step,
             "reward/mean": 0.5 + 0.4 * math.sin(step / 3),
             "mismatch/max_abs": 1e-5 * (1 + step % 4),
-            "loss": -0.01 * step,
-            "grad_norm": None if step % 5 == 0 else 1.0 / (1 + step),
+            "train/loss": -0.01 * step,
+            "train/grad_norm": None if step % 5 == 0 else 1.0 / (1 + step),
         }
         for step in range(steps)
     ]
@@ -50,14 +50,14 @@ def test_png_from_records_has_a_panel_per_key_with_data(tmp_path) -> None:
     assert_png_drawn(out, int(PANEL_SIZE[0] * 2 * 100), int(PANEL_SIZE[1] * 2 * 100))
     assert not list(out.parent.glob(".*.tmp"))
     figure = curves_figure(records(), title="run 1")
-    assert panel_titles(figure) == ["reward/mean", "mismatch/max_abs", "loss", "grad_norm"]
+    assert panel_titles(figure) == ["reward/mean", "mismatch/max_abs", "train/loss", "train/grad_norm"]
     assert figure.get_suptitle() == "run 1"
 
 
 def test_png_from_metrics_jsonl(tmp_path) -> None:
     with MetricsLogger(tmp_path, tensorboard=False) as logger:
         for step in range(12):
-            logger.log(step, {"reward/mean": step / 12, "loss": math.nan})
+            logger.log(step, {"reward/mean": step / 12, "train/loss": math.nan})
     # loss is null on every line, so only reward/mean gets a panel.
     out = plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curves.png")
     assert_png_drawn(out, int(PANEL_SIZE[0] * 100), int(PANEL_SIZE[1] * 100))
@@ -65,20 +65,20 @@ def test_png_from_metrics_jsonl(tmp_path) -> None:
 
 def test_raw_values_and_rolling_mean_skip_missing_points() -> None:
     data = records(30)
-    figure = curves_figure(data, keys=["grad_norm"])
+    figure = curves_figure(data, keys=["train/grad_norm"])
     (ax,) = figure.axes
     raw, mean = ax.get_lines()
-    steps = [r["step"] for r in data if r["grad_norm"] is not None]  # 24 points
+    steps = [r["step"] for r in data if r["train/grad_norm"] is not None]  # 24 points
     assert list(raw.get_xdata()) == steps
     assert list(mean.get_xdata()) == steps
-    values = [r["grad_norm"] for r in data if r["grad_norm"] is not None]
+    values = [r["train/grad_norm"] for r in data if r["train/grad_norm"] is not None]
     np.testing.assert_allclose(mean.get_ydata(), rolling_mean(values, 24 // 10))
 
 
 def test_keys_without_finite_values_are_skipped() -> None:
-    data = [{"step": s, "loss": float(s), "kl": math.nan, "entropy": None} for s in range(3)]
-    figure = curves_figure(data, keys=["kl", "loss", "entropy", "absent"])
-    assert panel_titles(figure) == ["loss"]
+    data = [{"step": s, "train/loss": float(s), "kl": math.nan, "entropy": None} for s in range(3)]
+    figure = curves_figure(data, keys=["kl", "train/loss", "entropy", "absent"])
+    assert panel_titles(figure) == ["train/loss"]
 
 
 def test_no_data_still_writes_a_png(tmp_path) -> None:
@@ -86,7 +86,7 @@ def test_no_data_still_writes_a_png(tmp_path) -> None:
     image = imread(out)
     assert image.shape[:2] == (int(PANEL_SIZE[1] * 100), int(PANEL_SIZE[0] * 100))
     assert (image[..., :3].mean(axis=-1) < 0.5).any()
-    figure = curves_figure([{"step": 0, "loss": None}])
+    figure = curves_figure([{"step": 0, "train/loss": None}])
     assert "no data yet" in [t.get_text() for t in figure.texts]
     assert ", ".join(DEFAULT_KEYS) in [t.get_text() for t in figure.texts]
 
@@ -100,5 +100,5 @@ def test_rolling_mean_is_trailing() -> None:
 
 
 def test_keys_as_a_string_is_refused(tmp_path) -> None:
-    with pytest.raises(TypeError, match="'loss'"):
-        plot_curves(records(), tmp_path / "curves.png", keys="loss")
+    with pytest.raises(TypeError, match="'train/loss'"):
+        plot_curves(records(), tmp_path / "curves.png", keys="train/loss")

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from agentrl.trainer.progress import TrainProgress, format_value, metric_label
 
-METRICS = {"reward/mean": 0.375, "mismatch/max_abs": 3.1e-05, "loss": -0.012, "grad_norm": 0.83}
+METRICS = {"reward/mean": 0.375, "mismatch/max_abs": 3.1e-05, "train/loss": -0.012, "train/grad_norm": 0.83}
 
 
 def console(terminal: bool) -> tuple[Console, io.StringIO]:
@@ -46,7 +46,7 @@ def test_plain_lines_when_not_a_terminal() -> None:
         assert progress.mode == "lines"
         progress.status("training")
         progress.update(1, METRICS)
-        progress.update(2, {"loss": math.nan, "other": 1.0})
+        progress.update(2, {"train/loss": math.nan, "other": 1.0})
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
     assert "\x1b" not in out.getvalue()
@@ -61,7 +61,7 @@ def test_plain_lines_when_not_a_terminal() -> None:
 def test_forced_live_bar_prints_the_final_state_to_a_file() -> None:
     log, out = console(terminal=False)
     with TrainProgress(4, enabled=True, console=log) as progress:
-        progress.update(4, {"loss": 0.5})
+        progress.update(4, {"train/loss": 0.5})
     assert "4/4" in out.getvalue() and "loss 0.5" in out.getvalue()
 
 
@@ -75,8 +75,8 @@ def test_disabled_prints_nothing() -> None:
 
 def test_tensor_metrics_are_shown() -> None:
     log, out = console(terminal=False)
-    with TrainProgress(3, keys=["loss"], console=log) as progress:
-        progress.update(1, {"loss": torch.tensor(-0.25)})
+    with TrainProgress(3, keys=["train/loss"], console=log) as progress:
+        progress.update(1, {"train/loss": torch.tensor(-0.25)})
     assert out.getvalue().startswith("step 1/3 | loss -0.25 | ")
 
 
@@ -90,14 +90,14 @@ def test_errors() -> None:
             progress.update(1, {})
         with pytest.raises(ValueError, match="past total_steps"):
             progress.update(6, {})
-        with pytest.raises(TypeError, match="'loss'"):
-            progress.update(3, {"loss": "low"})
+        with pytest.raises(TypeError, match="'train/loss'"):
+            progress.update(3, {"train/loss": "low"})
         progress.update(3, {})
         progress.update(3, {})  # the same step again only refreshes the line
     with pytest.raises(ValueError, match="start_step"):
         TrainProgress(5, start_step=6, console=log)
     with pytest.raises(TypeError, match="string"):
-        TrainProgress(5, keys="loss", console=log)
+        TrainProgress(5, keys="train/loss", console=log)
 
 
 @pytest.mark.parametrize(

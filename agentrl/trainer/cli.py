@@ -1,0 +1,117 @@
+"""``agentrl train CONFIG [key=value ...]``: run a training job from a YAML config.
+
+Examples::
+
+    agentrl train examples/math_grpo_cpu.yaml
+    agentrl train examples/math_grpo_cpu.yaml trainer.steps=50 actor.lr=5e-6
+    torchrun --nproc_per_node 2 -m agentrl.cli train examples/math_grpo_cpu.yaml
+    agentrl train --help-config          # every key, its default and what it does
+
+Ctrl-C stops after the step in progress, saves a checkpoint and the curves (exit code 130); a
+second Ctrl-C abandons the step. Re-running the same command resumes from the newest checkpoint
+in ``trainer.output_dir`` (``trainer.resume=never`` starts over).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+INTERRUPTED = 130
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", type=Path, help="YAML config (see examples/)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides with YAML values, e.g. trainer.steps=50 actor.lr=5e-6",
+    )
+    parser.add_argument(
+        "--help-config", action="store_true", help="list every config key with its default"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError
+    from agentrl.trainer.train_config import TrainConfig, config_reference
+
+    console = Console()
+    if args.help_config:
+        table = Table("key", "default", "description", title="agentrl train configuration")
+        for key, default, description in config_reference():
+            table.add_row(key, default, description)
+        console.print(table)
+        return 0
+    if args.config is None:
+        raise SystemExit("agentrl train: give a config file (see examples/) or --help-config")
+    try:
+        config = TrainConfig.load(args.config, args.overrides)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]", highlight=False)
+        return 2
+    return asyncio.run(_train(config, console))
+
+
+async def _train(config, console: Console) -> int:
+    import agentrl  # noqa: F401  (registers environments)
+    from agentrl.config import ConfigError
+    from agentrl.trainer.distributed import destroy
+    from agentrl.trainer.loop import Trainer
+
+    trainer = Trainer(config, console=console)
+    main_task = asyncio.current_task()
+    presses = 0
+
+    def on_interrupt() -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            trainer.request_stop()
+            console.print(
+                "[yellow]Ctrl-C: stopping after the current step; press again to abandon it"
+            )
+        elif main_task is not None:
+            main_task.cancel()
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, on_interrupt)
+    try:
+        async with trainer:
+            summary = await trainer.run()
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]", highlight=False)
+        return 2
+    except asyncio.CancelledError:
+        console.print("[red]abandoned: the step in progress was not saved")
+        return INTERRUPTED
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        destroy()
+    if trainer.is_main:
+        console.print(summary_table(summary, config))
+    return INTERRUPTED if summary.interrupted else 0
+
+
+def summary_table(summary, config) -> Table:
+    metrics = summary.last_metrics
+    table = Table(title="training summary", show_header=False)
+    rows = [
+        ("steps", f"{summary.steps} this run, {summary.final_step} in all"),
+        ("stopped early", "yes (Ctrl-C)" if summary.interrupted else "no"),
+        ("last mean reward", f"{metrics.get('reward/mean', float('nan')):.3f}"),
+        ("last mismatch (mean |Δ log p|)", f"{metrics.get('mismatch/mean_abs', float('nan')):.2e}"),
+        ("metrics", str(Path(config.trainer.output_dir) / "metrics.jsonl")),
+        ("checkpoint", str(summary.checkpoint or "-")),
+        ("curves", str(summary.curves or "-")),
+        ("exported model", str(summary.exported or "-")),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table

@@ -1,0 +1,400 @@
+"""The training loop: streamed rollouts in, FSDP2 updates, weights back into the engine.
+
+One :class:`Trainer` per process (``torchrun`` starts one per rank; a plain ``python`` run is a
+one-process group). Rank 0 holds the embedded engine (:class:`~agentrl.engine_pool.LocalEngine`,
+its own copy of the weights) and the :class:`~agentrl.trainer.rollout_stream.RolloutStream`
+that runs episodes against it in the background. Each step:
+
+1. rank 0 takes ``rollout.groups_per_step`` complete groups from the stream and builds the batch
+   (:func:`~agentrl.trainer.rl_batch.build_batch`: advantages, staleness bound, metrics); the
+   batch is broadcast to the other ranks;
+2. every rank packs its share (:func:`~agentrl.trainer.packing.pack_for_rank`) and takes one
+   optimizer step (:meth:`~agentrl.trainer.actor.Actor.train_step` with
+   :class:`~agentrl.trainer.objective.Objective`) in a worker thread, so rollouts keep running
+   on the event loop meanwhile (up to the staleness bound);
+3. the new weights go to the engine as version ``step`` (:func:`sync_weights`; with
+   ``stream.partial_rollouts="abort"`` in-flight generations are aborted first and continued
+   by the runner, with ``"pause"`` the engine carries them across the update), and the stream
+   may launch one more step's groups;
+4. metrics go to ``metrics.jsonl`` / TensorBoard and the progress display; checkpoints are saved
+   every ``trainer.checkpoint_every`` steps and at the end.
+
+Stopping. :meth:`Trainer.request_stop` (the launcher wires it to Ctrl-C) stops at the next safe
+point: a wait for rollouts is interrupted, a train step or weight sync in progress finishes.
+Then a checkpoint is saved (if a step was taken since the last one), the curves PNG is written,
+episodes in flight are cancelled (their environments closed) and the engine shut down. With
+several ranks, rank 0 decides and the others follow (the decision travels with the batch).
+
+Determinism. With ``stream.max_staleness = 0`` a step's batch is a function of the data position
+and the weights: the prompts are fixed by group seeds, sampling by per-(group, sample, turn)
+seeds. So resuming from a checkpoint reproduces the next batch (tested). With a bound above 0,
+which groups finish first depends on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+import torch.distributed as dist
+from rich.console import Console
+
+from agentrl.config import ConfigError
+from agentrl.engine_pool import LocalEngine, SamplingParams
+from agentrl.models import load_model, load_tokenizer
+from agentrl.rollout.runner import EpisodeRunner
+from agentrl.trainer.actor import Actor
+from agentrl.trainer.checkpoint import CheckpointManager, export_hf
+from agentrl.trainer.distributed import init_distributed
+from agentrl.trainer.metrics import MetricsLogger
+from agentrl.trainer.objective import Objective
+from agentrl.trainer.packing import pack_for_rank
+from agentrl.trainer.plots import plot_curves
+from agentrl.trainer.progress import TrainProgress
+from agentrl.trainer.rl_batch import TrainingBatch, build_batch
+from agentrl.trainer.rollout_stream import RolloutStream
+from agentrl.trainer.train_config import TrainConfig
+from agentrl.trainer.weight_sync import sync_weights
+
+STOP = "stop"
+
+
+@dataclass
+class RunSummary:
+    """What :meth:`Trainer.run` did."""
+
+    steps: int
+    """Optimizer steps taken in this run."""
+    final_step: int
+    """The actor's step count at the end (resumed steps included)."""
+    interrupted: bool
+    checkpoint: Path | None
+    curves: Path | None
+    exported: Path | None
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Trainer:
+    """A training run (see the module docstring). Use ``async with Trainer(config) as t``."""
+
+    def __init__(
+        self, config: TrainConfig, *, console: Console | None = None, show_progress: bool = True
+    ) -> None:
+        self.config = config
+        self.console = console or Console()
+        self.show_progress = show_progress
+        self.output_dir = Path(config.trainer.output_dir)
+        self.stop_event = asyncio.Event()
+        self.engine: LocalEngine | None = None
+        self.stream: RolloutStream | None = None
+        self.metrics: MetricsLogger | None = None
+        self.progress: TrainProgress | None = None
+        self.last_checkpoint_step: int | None = None
+        self.last_batch: TrainingBatch | None = None
+        """The batch of the latest step (rank 0: with its metrics; other ranks: sequences)."""
+
+    # -- set-up and tear-down ----------------------------------------------------------------
+
+    async def __aenter__(self) -> Trainer:
+        try:
+            await self.setup()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def setup(self) -> None:
+        cfg = self.config
+        self.dist = init_distributed()
+        self.is_main = self.dist.is_main
+        _seed_everything(cfg.trainer.seed + self.dist.rank)
+        await self._check_env()
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        with self._status(f"loading {cfg.model.path}"):
+            model = load_model(cfg.model.path, dtype="float32")
+        if getattr(model.config, "_attn_implementation", None) != cfg.model.attn_implementation:
+            model.set_attn_implementation(cfg.model.attn_implementation)
+        reference = None
+        if cfg.algorithm.kl_coef > 0:
+            reference = copy.deepcopy(model).eval().requires_grad_(False)
+        engine_model = copy.deepcopy(model) if self.is_main else None
+        self.actor = Actor(model, cfg.actor, dist_info=self.dist)
+        self.objective = Objective(
+            cfg.algorithm,
+            temperature=cfg.rollout.temperature,
+            norm_length=cfg.rollout.max_new_tokens,
+            reference=reference,
+        )
+        self.checkpoints = CheckpointManager(
+            self.output_dir / "checkpoints", keep_last=cfg.trainer.keep_checkpoints
+        )
+        stream_state = self._resume()
+        if self.is_main:
+            self.engine = await LocalEngine(
+                engine_model,
+                tokenizer=self.tokenizer,
+                max_batch_size=cfg.rollout.engine_batch_size,
+                prefix_cache_tokens=cfg.rollout.prefix_cache_tokens,
+            ).start()
+        if self.actor.step > 0:  # resumed: the engine still has the initial weights
+            await self._sync_weights()
+        if self.is_main:
+            assert self.engine is not None
+            runner = EpisodeRunner(
+                lambda: gymnasium.make(cfg.env.id, **cfg.env.kwargs),
+                self.engine,
+                self.tokenizer,
+                SamplingParams(
+                    temperature=cfg.rollout.temperature,
+                    top_p=cfg.rollout.top_p,
+                    max_new_tokens=cfg.rollout.max_new_tokens,
+                    seed=cfg.trainer.seed,
+                ),
+                env_id=cfg.env.id,
+                max_total_tokens=cfg.rollout.max_total_tokens,
+                resume_aborted=True,
+            )
+            self.stream = RolloutStream(
+                runner,
+                group_size=cfg.rollout.group_size,
+                groups_per_step=cfg.rollout.groups_per_step,
+                max_staleness=cfg.stream.max_staleness,
+                concurrency=cfg.rollout.concurrency,
+                seed=cfg.trainer.seed,
+                **stream_state,
+            )
+            self.stream.start()
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "config.yaml").write_text(cfg.to_yaml())
+            self.metrics = MetricsLogger(
+                self.output_dir,
+                tensorboard=cfg.trainer.tensorboard,
+                resume_from_step=self.actor.step if self.actor.step else None,
+            )
+
+    async def close(self) -> None:
+        """Cancel rollouts, shut the engine down, close the metrics (idempotent)."""
+        if self.stream is not None:
+            await self.stream.aclose()
+            self.stream = None
+        if self.engine is not None:
+            await self.engine.aclose()
+            self.engine = None
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+
+    async def _check_env(self) -> None:
+        """Fail before loading anything on a bad env id or kwargs."""
+        cfg = self.config.env
+        try:
+            env = gymnasium.make(cfg.id, **cfg.kwargs)
+        except gymnasium.error.Error as exc:
+            raise ConfigError(f"env.id {cfg.id!r}: {exc}") from None
+        if not hasattr(env, "aclose"):
+            env.close()
+            raise ConfigError(f"env.id {cfg.id!r} is not an agentrl environment (no async verbs)")
+        await env.aclose()
+
+    def _resume(self) -> dict[str, Any]:
+        """Load the checkpoint ``trainer.resume`` asks for; returns the stream's data position."""
+        resume = self.config.trainer.resume
+        if resume == "never":
+            return {}
+        path = self.checkpoints.latest() if resume == "auto" else Path(resume)
+        if path is None:
+            return {}
+        extra = self.checkpoints.load(path, self.actor)
+        self.last_checkpoint_step = self.actor.step
+        if self.is_main:
+            self.console.print(f"resumed from {path} at step {self.actor.step}")
+        stream = extra.get("stream", {})
+        return {
+            "next_group": int(stream.get("next_group", 0)),
+            "pending_groups": [int(g) for g in stream.get("pending_groups", [])],
+        }
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop at the next safe point (see the module docstring)."""
+        self.stop_event.set()
+
+    async def run(self) -> RunSummary:
+        """Train until ``trainer.steps`` or a stop request; then checkpoint, plot and export."""
+        cfg = self.config.trainer
+        first = self.actor.step
+        last: dict[str, float] = {}
+        interrupted = False
+        with self._progress(first) as progress:
+            self.progress = progress
+            while self.actor.step < cfg.steps:
+                record = await self.step()
+                if record is None:
+                    interrupted = True
+                    break
+                last = record
+                if cfg.checkpoint_every and self.actor.step % cfg.checkpoint_every == 0:
+                    await self.save_checkpoint()
+            self.progress = None
+        checkpoint = None
+        if self.last_checkpoint_step != self.actor.step:
+            checkpoint = await self.save_checkpoint()
+        elif self.last_checkpoint_step:
+            checkpoint = self.checkpoints.latest()
+        curves = self.write_curves() if self.is_main else None
+        exported = None
+        if cfg.export_hf and not interrupted:
+            exported = await asyncio.to_thread(
+                export_hf, self.actor, self.tokenizer, self.output_dir / "hf"
+            )
+        return RunSummary(
+            self.actor.step - first,
+            self.actor.step,
+            interrupted,
+            checkpoint,
+            curves,
+            exported if self.is_main else None,
+            last,
+        )
+
+    async def step(self) -> dict[str, float] | None:
+        """One step: batch, update, weight sync, metrics. None if stopped before training."""
+        start = time.perf_counter()
+        batch = await self._next_batch()
+        if batch is None:
+            return None
+        wait_s = time.perf_counter() - start
+        version = self.actor.step
+        self._set_status("training")
+        train_start = time.perf_counter()
+        if batch.sequences:
+            report = await asyncio.to_thread(self._train, batch)
+        else:  # every group dropped or failed: nothing to learn from, keep the weights
+            report = {"train/skipped": 1.0}
+            self.actor.step += 1
+            self.actor.scheduler.step()
+        train_s = time.perf_counter() - train_start
+        self._set_status("syncing weights")
+        sync_start = time.perf_counter()
+        await self._sync_weights()
+        sync_s = time.perf_counter() - sync_start
+        if self.stream is not None:
+            self.stream.advance()
+        record = {
+            **batch.metrics,
+            **report,
+            "version/trained_on": float(version),
+            "time/wait_rollouts_s": wait_s,
+            "time/train_s": train_s,
+            "time/sync_s": sync_s,
+            "time/step_s": time.perf_counter() - start,
+            "throughput/train_tokens_per_s": batch.metrics.get("batch/tokens", 0.0)
+            / max(train_s, 1e-9),
+        }
+        self.last_batch = batch
+        if self.is_main:
+            assert self.metrics is not None
+            self.metrics.log(self.actor.step, record)
+            if self.progress is not None:
+                self.progress.update(self.actor.step, record)
+        return record
+
+    async def _next_batch(self) -> TrainingBatch | None:
+        """Rank 0 builds the batch from the stream; every rank gets it (None: stop)."""
+        batch: TrainingBatch | None = None
+        if self.is_main:
+            assert self.stream is not None
+            self._set_status("waiting for rollouts")
+            groups = await self.stream.next_groups(self.stop_event)
+            if groups is not None:
+                batch = build_batch(
+                    groups, self.config.algorithm, self.config.stream, self.actor.step
+                )
+        if self.dist.world_size > 1:
+            payload = [batch if batch is not None else STOP]
+            await asyncio.to_thread(dist.broadcast_object_list, payload, 0)
+            batch = None if payload[0] == STOP else payload[0]
+        return batch
+
+    def _train(self, batch: TrainingBatch) -> dict[str, float]:
+        """Pack this rank's share and take one optimizer step (runs in a worker thread)."""
+        micro_batches = [
+            mb.to(self.actor.device)
+            for mb in pack_for_rank(
+                batch.sequences,
+                self.dist.rank,
+                self.dist.world_size,
+                self.config.trainer.micro_batch_tokens,
+            )
+        ]
+        reported = self.actor.train_step(micro_batches, self.objective)
+        return self.objective.finish(reported, self.actor.device)
+
+    async def _sync_weights(self) -> None:
+        engines = [self.engine] if self.engine is not None else []
+        if engines and self.config.stream.partial_rollouts == "abort":
+            await engines[0].abort()  # the runner continues each aborted turn from its tokens
+        await sync_weights(
+            self.actor.model,
+            engines,
+            self.actor.step,
+            bucket_bytes=self.config.trainer.weight_sync_bucket_mb * 2**20,
+        )
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    async def save_checkpoint(self) -> Path:
+        """Save model, optimizer, scheduler, RNG and the data position (every rank calls it)."""
+        self._set_status("saving checkpoint")
+        stream_state = self.stream.state if self.stream is not None else {}
+        if self.dist.world_size > 1:
+            payload = [stream_state]
+            await asyncio.to_thread(dist.broadcast_object_list, payload, 0)
+            stream_state = payload[0]
+        extra = {"stream": stream_state, "version": self.actor.step}
+        path = await asyncio.to_thread(self.checkpoints.save, self.actor, extra)
+        self.last_checkpoint_step = self.actor.step
+        return path
+
+    def write_curves(self) -> Path:
+        return plot_curves(
+            self.output_dir / "metrics.jsonl",
+            self.output_dir / "curves.png",
+            title=f"{self.config.env.id} · {self.config.model.path}",
+        )
+
+    def _progress(self, first: int) -> contextlib.AbstractContextManager[Any]:
+        if not (self.is_main and self.show_progress):
+            return contextlib.nullcontext(None)
+        return TrainProgress(self.config.trainer.steps, start_step=first, console=self.console)
+
+    def _status(self, text: str) -> contextlib.AbstractContextManager[Any]:
+        if not (self.is_main and self.show_progress):
+            return contextlib.nullcontext()
+        return self.console.status(text)
+
+    def _set_status(self, text: str) -> None:
+        if self.progress is not None:
+            stream = self.stream
+            if stream is not None and text == "waiting for rollouts":
+                text = f"rollouts: {stream.ready} groups ready, {stream.in_flight} running"
+            self.progress.status(text)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -1,0 +1,220 @@
+"""Whole training runs with a tiny random policy on Math-v0: outputs, weight sync, resume, stop,
+staleness with partial rollouts, the launcher, and 1 process vs 2 under torchrun."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from agentrl.trainer.loop import Trainer
+from agentrl.trainer.metrics import read_metrics
+from agentrl.trainer.train_config import TrainConfig
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent  # parity_env.py: subprocesses get it on PYTHONPATH
+
+
+def subprocess_env():
+    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+
+
+def tiny_config(policy_dir, out, *overrides):
+    return TrainConfig.load(
+        None,
+        [
+            f"model.path={policy_dir}",
+            "env.id=parity_env:test/Parity-v0",
+            f"trainer.output_dir={out}",
+            "rollout.groups_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=8",
+            "rollout.max_total_tokens=512",
+            "trainer.micro_batch_tokens=512",
+            "trainer.steps=2",
+            "actor.lr=1e-3",
+            *overrides,
+        ],
+    )
+
+
+async def train(config):
+    async with Trainer(config, show_progress=False) as trainer:
+        summary = await trainer.run()
+        return trainer, summary
+
+
+async def test_a_run_trains_syncs_and_writes_its_outputs(tiny_policy_dir, tmp_path):
+    async with Trainer(tiny_config(tiny_policy_dir, tmp_path), show_progress=False) as trainer:
+        summary = await trainer.run()
+        assert trainer.engine.weight_version == 2
+        engine_weights = dict(trainer.engine.model.named_parameters())
+    assert summary.steps == summary.final_step == 2 and not summary.interrupted
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in (
+        "reward/mean",
+        "mismatch/mean_abs",
+        "mismatch/max_abs",
+        "train/loss",
+        "train/grad_norm",
+    ):
+        assert key in rows[-1], key
+    assert rows[0]["mismatch/max_abs"] < 1e-3  # the engine's log-probs are the trainer's
+    assert rows[-1]["version/trained_on"] == 1  # on-policy: step 2 trained on version-1 tokens
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    assert summary.checkpoint is not None and summary.checkpoint.exists()
+    assert list((tmp_path / "tensorboard").iterdir())
+    exported = AutoModelForCausalLM.from_pretrained(summary.exported)
+    trained = dict(exported.named_parameters())
+    initial = dict(AutoModelForCausalLM.from_pretrained(tiny_policy_dir).named_parameters())
+    assert not torch.equal(trained["model.norm.weight"], initial["model.norm.weight"])
+    for name, value in trained.items():  # the engine generates with the trained weights
+        torch.testing.assert_close(engine_weights[name], value, rtol=0, atol=0)
+
+
+async def test_resume_reproduces_the_next_batch(tiny_policy_dir, tmp_path):
+    straight, _ = await train(tiny_config(tiny_policy_dir, tmp_path / "a", "trainer.steps=3"))
+    expected = straight.last_batch
+    await train(tiny_config(tiny_policy_dir, tmp_path / "b", "trainer.steps=2"))
+    resumed, summary = await train(tiny_config(tiny_policy_dir, tmp_path / "b", "trainer.steps=3"))
+    assert summary.steps == 1 and summary.final_step == 3
+    got = resumed.last_batch
+    assert [s["input_ids"] for s in got.sequences] == [s["input_ids"] for s in expected.sequences]
+    assert [s["advantages"] for s in got.sequences] == [s["advantages"] for s in expected.sequences]
+    for a, b in zip(got.sequences, expected.sequences, strict=True):
+        assert a["logprobs"] == pytest.approx(b["logprobs"], abs=1e-5)
+    rows_a = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    rows_b = read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in rows_b] == [1, 2, 3]
+    assert rows_b[-1]["train/loss"] == pytest.approx(rows_a[-1]["train/loss"], rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.parametrize("partial", ["pause", "abort"])
+async def test_streaming_with_a_staleness_bound_and_partial_rollouts(
+    tiny_policy_dir, tmp_path, partial
+):
+    config = tiny_config(
+        tiny_policy_dir,
+        tmp_path,
+        "trainer.steps=3",
+        "stream.max_staleness=1",
+        "stream.staleness_mode=mask",
+        f"stream.partial_rollouts={partial}",
+        "rollout.max_new_tokens=48",
+        "trainer.export_hf=false",
+    )
+    _, summary = await train(config)
+    assert summary.final_step == 3
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert all(r["staleness/staleness_max"] <= 2 for r in rows)
+    assert max(r["staleness/staleness_max"] for r in rows) >= 1  # rollouts overlapped training
+    # masked stale tokens are counted; tokens within the bound are trained on
+    assert all(r["batch/loss_tokens"] > 0 for r in rows)
+
+
+async def test_a_stop_request_ends_the_run_with_a_checkpoint(tiny_policy_dir, tmp_path):
+    config = tiny_config(tiny_policy_dir, tmp_path, "trainer.steps=50")
+    async with Trainer(config, show_progress=False) as trainer:
+        run = asyncio.create_task(trainer.run())
+        while trainer.actor.step < 1:
+            await asyncio.sleep(0.05)
+        trainer.request_stop()
+        summary = await run
+    assert summary.interrupted and 1 <= summary.final_step < 50
+    assert summary.checkpoint is not None and summary.checkpoint.name.endswith(
+        f"{summary.final_step:08d}"
+    )
+    assert (tmp_path / "curves.png").exists()
+
+
+def write_config(policy_dir, out, path, *extra):
+    config = tiny_config(policy_dir, out, *extra)
+    path.write_text(config.to_yaml())
+    return path
+
+
+def test_the_launcher_refuses_bad_keys_with_a_clear_message(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli",
+            "train",
+            "examples/math_grpo_cpu.yaml",
+            "trainer.stepz=3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "trainer.stepz: unknown key" in result.stdout
+
+
+def test_ctrl_c_stops_the_launcher_cleanly(tiny_policy_dir, tmp_path):
+    config = write_config(
+        tiny_policy_dir, tmp_path / "run", tmp_path / "c.yaml", "trainer.steps=500"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", "train", str(config)],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 130, output
+    assert "stopping after the current step" in output
+    assert list((tmp_path / "run" / "checkpoints").iterdir())
+    assert (tmp_path / "run" / "curves.png").exists()
+
+
+def test_two_processes_train_the_same_batch_to_the_same_loss(tiny_policy_dir, tmp_path):
+    """torchrun with 2 CPU ranks (gloo): rank 0 rolls out, both train; the first step's batch
+    is the same as one process's, so the loss and gradient norm must agree."""
+    losses = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"n{nproc}"
+        config = write_config(tiny_policy_dir, out, tmp_path / f"{nproc}.yaml", "trainer.steps=2")
+        env = subprocess_env()
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={nproc}",
+                "-m",
+                "agentrl.cli",
+                "train",
+                str(config),
+            ],
+            timeout=400,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        losses[nproc] = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in losses[2]] == [1, 2]
+    # step 1 trains the same batch; later batches are sampled from weights that differ by rounding
+    one, two = losses[1][0], losses[2][0]
+    assert two["batch/tokens"] == one["batch/tokens"]
+    assert two["train/loss"] == pytest.approx(one["train/loss"], rel=1e-4, abs=1e-6)
+    assert two["train/grad_norm"] == pytest.approx(one["train/grad_norm"], rel=1e-4)
+    print(json.dumps({n: [r["train/loss"] for r in rows] for n, rows in losses.items()}))
