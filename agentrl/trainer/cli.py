@@ -89,7 +89,9 @@ async def _train(config, console: Console) -> int:
         console.print(f"[red]{exc}[/red]", highlight=False)
         return 2
     except asyncio.CancelledError:
-        console.print("[red]abandoned: the step in progress was not saved")
+        console.print(
+            "[red]abandoned: the step in progress is not saved (exiting once its worker thread ends)"
+        )
         return INTERRUPTED
     finally:
         loop.remove_signal_handler(signal.SIGINT)

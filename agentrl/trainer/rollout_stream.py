@@ -99,6 +99,10 @@ class RolloutStream:
         groups: list[Group] = []
         while len(groups) < self.groups_per_step:
             self._raise_failure()
+            if stop is not None and stop.is_set():  # also when groups are ready: stop wins
+                for group in groups:
+                    self._queue.put_nowait(group)
+                return None
             getter = asyncio.ensure_future(self._queue.get())
             others = [asyncio.ensure_future(self._failed.wait())]
             if stop is not None:
@@ -110,10 +114,6 @@ class RolloutStream:
                 groups.append(getter.result())
                 continue
             getter.cancel()  # safe: a cancelled get leaves its item in the queue
-            self._raise_failure()
-            for group in groups:
-                self._queue.put_nowait(group)
-            return None
         groups.sort(key=lambda g: g[0].group)
         for group in groups:
             self._launched.discard(group[0].group)

@@ -65,6 +65,10 @@ async def test_a_staleness_bound_of_one_runs_one_step_ahead(tiny_engine, tokeniz
         assert stream.ready == 2  # the next step's groups ran meanwhile
         pending = sorted({0, 1, 2, 3} - consumed)
         assert stream.state == {"next_group": 4, "pending_groups": pending}
+        stop = asyncio.Event()
+        stop.set()
+        assert await stream.next_groups(stop) is None  # a stop request wins over ready groups
+        assert stream.ready == 2
     finally:
         await stream.aclose()
 
