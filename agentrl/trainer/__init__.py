@@ -1,5 +1,6 @@
 """The trainer: advantages, losses and off-policy correction (pure functions), the FSDP2 actor,
-weight sync into engines, and the log-prob functions shared with the engines."""
+weight sync into engines, the log-prob functions shared with the engines, and the training loop
+(:class:`Trainer`, configured by :class:`TrainConfig`) with its checkpoints and metrics."""
 
 from agentrl.trainer.actor import Actor, ActorConfig, LossFn
 from agentrl.trainer.advantages import (
@@ -9,9 +10,11 @@ from agentrl.trainer.advantages import (
     reinforce_pp_advantages,
 )
 from agentrl.trainer.batching import balance_across_ranks, plan_micro_batches, plan_tokens
+from agentrl.trainer.checkpoint import CheckpointManager, export_hf
 from agentrl.trainer.distributed import DistInfo, destroy, distributed, init_distributed
 from agentrl.trainer.gae import discounted_reverse_cumsum, gae, gae_reference
 from agentrl.trainer.logprobs import logprob_mismatch, token_logprobs
+from agentrl.trainer.loop import RunSummary, Trainer
 from agentrl.trainer.losses import (
     Aggregation,
     KLEstimator,
@@ -21,6 +24,7 @@ from agentrl.trainer.losses import (
     loss_denominator,
     policy_loss,
 )
+from agentrl.trainer.metrics import MetricsLogger, read_metrics
 from agentrl.trainer.off_policy import (
     StalenessDecision,
     importance_weights,
@@ -39,6 +43,8 @@ from agentrl.trainer.packing import (
     packed_logprobs,
     sequence_lengths,
 )
+from agentrl.trainer.plots import plot_curves
+from agentrl.trainer.train_config import TrainConfig
 from agentrl.trainer.weight_sync import (
     SyncReport,
     WeightSyncError,
@@ -52,12 +58,17 @@ __all__ = [
     "Actor",
     "ActorConfig",
     "Aggregation",
+    "CheckpointManager",
     "DistInfo",
     "KLEstimator",
     "LossFn",
+    "MetricsLogger",
     "PackedMicroBatch",
+    "RunSummary",
     "StalenessDecision",
     "SyncReport",
+    "TrainConfig",
+    "Trainer",
     "WeightSyncError",
     "aggregate",
     "balance_across_ranks",
@@ -67,6 +78,7 @@ __all__ = [
     "discounted_reverse_cumsum",
     "distributed",
     "entropy_from_logits",
+    "export_hf",
     "gae",
     "gae_reference",
     "group_centered",
@@ -84,7 +96,9 @@ __all__ = [
     "packed_logprobs",
     "plan_micro_batches",
     "plan_tokens",
+    "plot_curves",
     "policy_loss",
+    "read_metrics",
     "reinforce_pp_advantages",
     "sequence_lengths",
     "staleness",

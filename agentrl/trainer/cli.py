@@ -36,13 +36,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--help-config", action="store_true", help="list every config key with its default"
     )
+    parser.add_argument(
+        "--markdown", action="store_true", help="with --help-config: print a Markdown table"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from agentrl.config import ConfigError
-    from agentrl.trainer.train_config import TrainConfig, config_reference
+    from agentrl.trainer.train_config import (
+        TrainConfig,
+        config_reference,
+        config_reference_markdown,
+    )
 
     console = Console()
+    if args.help_config and args.markdown:
+        print(config_reference_markdown(), end="")
+        return 0
     if args.help_config:
         table = Table("key", "default", "description", title="agentrl train configuration")
         for key, default, description in config_reference():

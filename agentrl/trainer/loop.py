@@ -121,6 +121,10 @@ class Trainer:
         self.is_main = self.dist.is_main
         _seed_everything(cfg.trainer.seed + self.dist.rank)
         await self._check_env()
+        self.checkpoints = CheckpointManager(
+            self.output_dir / "checkpoints", keep_last=cfg.trainer.keep_checkpoints
+        )
+        resume_from = self._check_output_dir()
         self.tokenizer = load_tokenizer(cfg.model.path)
         with self._status(f"loading {cfg.model.path}"):
             model = load_model(cfg.model.path, dtype="float32")
@@ -137,10 +141,7 @@ class Trainer:
             norm_length=cfg.rollout.max_new_tokens,
             reference=reference,
         )
-        self.checkpoints = CheckpointManager(
-            self.output_dir / "checkpoints", keep_last=cfg.trainer.keep_checkpoints
-        )
-        stream_state = self._resume()
+        stream_state = self._resume(resume_from)
         if self.is_main:
             self.engine = await LocalEngine(
                 engine_model,
@@ -208,12 +209,28 @@ class Trainer:
             raise ConfigError(f"env.id {cfg.id!r} is not an agentrl environment (no async verbs)")
         await env.aclose()
 
-    def _resume(self) -> dict[str, Any]:
-        """Load the checkpoint ``trainer.resume`` asks for; returns the stream's data position."""
+    def _check_output_dir(self) -> Path | None:
+        """The checkpoint to resume from; refuse to start a new run over an old one's metrics."""
         resume = self.config.trainer.resume
         if resume == "never":
-            return {}
-        path = self.checkpoints.latest() if resume == "auto" else Path(resume)
+            path = None
+        elif resume == "auto":
+            path = self.checkpoints.latest()
+        else:
+            path = Path(resume)
+            if not path.is_dir():
+                raise ConfigError(f"trainer.resume: no checkpoint directory {path}")
+        metrics = self.output_dir / "metrics.jsonl"
+        if path is None and metrics.is_file() and metrics.stat().st_size > 0:
+            why = "has no checkpoint to resume" if resume == "auto" else "trainer.resume=never"
+            raise ConfigError(
+                f"trainer.output_dir {self.output_dir} holds another run's metrics and {why}: "
+                f"delete it or choose another output_dir"
+            )
+        return path
+
+    def _resume(self, path: Path | None) -> dict[str, Any]:
+        """Load checkpoint ``path`` (if any); returns the stream's data position."""
         if path is None:
             return {}
         extra = self.checkpoints.load(path, self.actor)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from agentrl.config import ConfigError
 from agentrl.trainer.loop import Trainer
 from agentrl.trainer.metrics import read_metrics
 from agentrl.trainer.train_config import TrainConfig
@@ -218,3 +219,21 @@ def test_two_processes_train_the_same_batch_to_the_same_loss(tiny_policy_dir, tm
     assert two["train/loss"] == pytest.approx(one["train/loss"], rel=1e-4, abs=1e-6)
     assert two["train/grad_norm"] == pytest.approx(one["train/grad_norm"], rel=1e-4)
     print(json.dumps({n: [r["train/loss"] for r in rows] for n, rows in losses.items()}))
+
+
+@pytest.mark.parametrize(
+    ("resume", "message"),
+    [("auto", "has no checkpoint to resume"), ("never", "trainer.resume=never")],
+)
+async def test_a_new_run_refuses_an_old_runs_metrics(tiny_policy_dir, tmp_path, resume, message):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    config = tiny_config(tiny_policy_dir, tmp_path, f"trainer.resume={resume}")
+    with pytest.raises(ConfigError, match=message):
+        await train(config)
+    assert (tmp_path / "metrics.jsonl").read_text().startswith('{"step": 1')  # nothing lost
+
+
+async def test_resuming_a_missing_checkpoint_is_a_clear_error(tiny_policy_dir, tmp_path):
+    config = tiny_config(tiny_policy_dir, tmp_path, f"trainer.resume={tmp_path / 'nope'}")
+    with pytest.raises(ConfigError, match="no checkpoint directory"):
+        await train(config)

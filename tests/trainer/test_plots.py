@@ -50,7 +50,12 @@ def test_png_from_records_has_a_panel_per_key_with_data(tmp_path) -> None:
     assert_png_drawn(out, int(PANEL_SIZE[0] * 2 * 100), int(PANEL_SIZE[1] * 2 * 100))
     assert not list(out.parent.glob(".*.tmp"))
     figure = curves_figure(records(), title="run 1")
-    assert panel_titles(figure) == ["reward/mean", "mismatch/max_abs", "train/loss", "train/grad_norm"]
+    assert panel_titles(figure) == [
+        "reward/mean",
+        "mismatch/max_abs",
+        "train/loss",
+        "train/grad_norm",
+    ]
     assert figure.get_suptitle() == "run 1"
 
 

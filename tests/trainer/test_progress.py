@@ -12,7 +12,12 @@ from rich.console import Console
 
 from agentrl.trainer.progress import TrainProgress, format_value, metric_label
 
-METRICS = {"reward/mean": 0.375, "mismatch/max_abs": 3.1e-05, "train/loss": -0.012, "train/grad_norm": 0.83}
+METRICS = {
+    "reward/mean": 0.375,
+    "mismatch/max_abs": 3.1e-05,
+    "train/loss": -0.012,
+    "train/grad_norm": 0.83,
+}
 
 
 def console(terminal: bool) -> tuple[Console, io.StringIO]:

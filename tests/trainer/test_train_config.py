@@ -5,7 +5,12 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import ConfigError
-from agentrl.trainer.train_config import TrainConfig, apply_override, config_reference
+from agentrl.trainer.train_config import (
+    TrainConfig,
+    apply_override,
+    config_reference,
+    config_reference_markdown,
+)
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "math_grpo_cpu.yaml"
 
@@ -62,3 +67,10 @@ def test_config_round_trips_through_yaml(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(config.to_yaml())
     assert TrainConfig.load(path) == config
+
+
+def test_the_documented_reference_is_the_config():
+    page = Path(__file__).parents[2] / "docs" / "train_config.md"
+    assert page.read_text() == config_reference_markdown(), (
+        "docs/train_config.md is stale: agentrl train --help-config --markdown > docs/train_config.md"
+    )
