@@ -1,7 +1,7 @@
 """The training objective over packed micro-batches: the ``loss_fn`` the actor's step calls.
 
-One packed forward gives the trainer's log-probs of every token (at the sampling temperature) and
-the logits; everything else is per-sequence rows (:meth:`PackedMicroBatch.as_rows`) so that
+One packed forward gives the trainer's log-probs of the loss tokens (at the sampling temperature;
+the LM head runs only where a loss token is predicted) and their logits; everything else is per-sequence rows (:meth:`PackedMicroBatch.as_rows`) so that
 sequence-level aggregation and GSPO see one row per trajectory:
 
 * the policy loss (:func:`~agentrl.trainer.losses.policy_loss`, PPO-clip or GSPO) against
@@ -82,7 +82,9 @@ class Objective:
         self, model: nn.Module, batch: PackedMicroBatch
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.config
-        logprobs, logits = packed_forward(model, batch, self.temperature)  # (1, T), (1, T, V)
+        logprobs, logits, scored = packed_forward(
+            model, batch, self.temperature, loss_tokens_only=True
+        )  # (1, T), (1, K, V), (K,)
         rows = batch.as_rows
         lp = rows(logprobs)  # (S, L)
         mask = rows(batch.loss_mask.float())
@@ -121,7 +123,10 @@ class Objective:
         sums = {MEAN_METRICS[k]: v * tokens for k, v in metrics.items() if k in MEAN_METRICS}
         if self.reference is not None and cfg.kl_coef > 0:
             with torch.no_grad():
-                reference = rows(packed_forward(self.reference, batch, self.temperature)[0])
+                reference = packed_forward(
+                    self.reference, batch, self.temperature, loss_tokens_only=True
+                )[0]
+                reference = rows(reference)
             kl = kl_penalty(lp, reference, cfg.kl_estimator)
             loss = loss + cfg.kl_coef * aggregate(kl, mask, agg, norm_length=norm, denominator=1)
             sums["policy/kl_ref"] = torch.where(mask != 0, kl.detach(), 0.0).sum()
@@ -129,7 +134,9 @@ class Objective:
             mismatch = mismatch_metrics(lp, engine, mask)
             sums["mismatch/mean_abs"] = mismatch["mean_abs"] * tokens
             sums["mismatch/kl"] = mismatch["kl"] * tokens
-            entropy = rows(entropy_from_logits(logits.detach())) if logits.shape[1] else lp
+            entropy = torch.zeros_like(batch.loss_mask, dtype=torch.float32)  # (1, T)
+            entropy[0, scored] = entropy_from_logits(logits.detach())[0]
+            entropy = rows(entropy)
             sums["policy/entropy"] = torch.where(mask != 0, entropy, 0.0).sum()
             for name, value in is_metrics.items():
                 if name in ("ratio_mean", "truncated_fraction", "masked_fraction", "weight_mean"):

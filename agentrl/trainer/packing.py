@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from transformers import PreTrainedModel
 
@@ -186,21 +185,43 @@ def packed_logprobs(
 
 
 def packed_forward(
-    model: PreTrainedModel, batch: PackedMicroBatch, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`packed_logprobs` and the logits ``(1, T, V)`` they came from (for entropy)."""
+    model: PreTrainedModel,
+    batch: PackedMicroBatch,
+    temperature: float,
+    *,
+    loss_tokens_only: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`packed_logprobs`, plus the logits they came from (for entropy) and where they are.
+
+    Returns ``(logprobs (1, T), logits (1, K, V), scored (K,))``: ``logits[0, k]`` is the model's
+    prediction of token ``scored[k]`` (computed at position ``scored[k] - 1``). By default every
+    token but each sequence's first is scored. With ``loss_tokens_only`` only tokens with loss mask
+    1 are, and the LM head runs only at their predecessors (through the model's ``logits_to_keep``
+    argument): prompt and tool tokens need hidden states for the context but no vocabulary-wide
+    logits, which on a 49k vocabulary is a fifth of SmolLM2's per-token compute. Unscored entries of
+    ``logprobs`` are 0.
+    """
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation not in PACKED_ATTENTION:
         raise ValueError(
             f"attention implementation {implementation!r} is not known to keep packed sequences "
             f"apart; use one of {sorted(PACKED_ATTENTION)}"
         )
+    wanted = batch.position_ids[0] != 0  # (T,) the first token of a sequence has no context
+    if loss_tokens_only:
+        wanted = wanted & (batch.loss_mask[0] != 0)
+    scored = wanted.nonzero().squeeze(-1)  # (K,)
     logits = model(
-        input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
-    ).logits  # (1, T, V)
-    scored = temperature_logprobs(logits[:, :-1], batch.input_ids[:, 1:], temperature)  # (1, T-1)
-    aligned = F.pad(scored, (1, 0))  # (1, T): entry t scores token t
-    return aligned.masked_fill(batch.position_ids == 0, 0.0), logits
+        input_ids=batch.input_ids,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        logits_to_keep=scored - 1,
+    ).logits  # (1, K, V)
+    values = temperature_logprobs(logits, batch.input_ids[:, scored], temperature)  # (1, K)
+    aligned = values.new_zeros(batch.input_ids.shape).index_put(
+        (torch.zeros_like(scored), scored), values[0]
+    )
+    return aligned, logits, scored
 
 
 def _raw_columns(seq: SequenceLike) -> Mapping[str, Any]:

@@ -24,6 +24,7 @@ from agentrl.trainer.packing import (
     PackedMicroBatch,
     pack,
     pack_for_rank,
+    packed_forward,
     packed_logprobs,
 )
 
@@ -177,6 +178,28 @@ def test_packed_forward_equals_separate_forwards(attention: str) -> None:
             alone = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
             torch.testing.assert_close(batch.unpack(logits)[k], alone, **TOL)
             torch.testing.assert_close(got[k], want[k], **TOL)
+
+
+def test_scoring_only_loss_tokens_gives_the_same_logprobs_and_gradients() -> None:
+    model = tiny_llama("sdpa")
+    rows = [
+        {"input_ids": ids, "loss_mask": [0] * min(3, len(ids)) + [1] * (len(ids) - 3)}  # prompt: 3
+        for ids in SEQUENCES
+    ]
+    (batch,) = pack(rows, sum(map(len, SEQUENCES)))
+    weight = model.model.layers[0].self_attn.q_proj.weight
+    model.zero_grad()
+    full, full_logits, full_scored = packed_forward(model, batch, 0.7)
+    (full * batch.loss_mask).sum().backward()
+    want_grad = weight.grad.clone()
+    model.zero_grad()
+    only, logits, scored = packed_forward(model, batch, 0.7, loss_tokens_only=True)
+    only.sum().backward()
+    loss_positions = batch.loss_mask[0].nonzero().squeeze(-1)
+    torch.testing.assert_close(scored, loss_positions)
+    assert logits.shape[1] == len(loss_positions) < full_logits.shape[1] == len(full_scored)
+    torch.testing.assert_close(only, full.detach() * batch.loss_mask, **TOL)
+    torch.testing.assert_close(weight.grad, want_grad, **TOL)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
