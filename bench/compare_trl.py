@@ -59,7 +59,7 @@ def agentrl_config(args: argparse.Namespace, output_dir: Path) -> TrainConfig:
         "rollout.group_size": args.group_size,
         "rollout.temperature": 1.0,
         "rollout.max_new_tokens": args.max_new_tokens,
-        "rollout.max_total_tokens": 1024,
+        "rollout.max_total_tokens": 512,
         "rollout.engine_batch_size": args.groups * args.group_size,
         "algorithm.advantage": "grpo",
         "algorithm.loss": "ppo",
@@ -71,7 +71,7 @@ def agentrl_config(args: argparse.Namespace, output_dir: Path) -> TrainConfig:
         "actor.warmup_steps": 0,
         "actor.max_grad_norm": 1.0,
         "trainer.steps": 10**6,
-        "trainer.micro_batch_tokens": 8192,
+        "trainer.micro_batch_tokens": args.micro_batch_tokens,
         "trainer.seed": 0,
         "trainer.output_dir": str(output_dir),
         "trainer.export_hf": False,
@@ -158,6 +158,12 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=1e-6)
+    parser.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=512,
+        help="agentrl's packing budget (on the CPU, sdpa's packed attention costs T^2: keep it small)",
+    )
     parser.add_argument("--model", default="smollm2")
     args = parser.parse_args()
     if args.steps_per_block < 2:

@@ -90,17 +90,20 @@ def sample_next_tokens(
         raise ValueError(
             f"{logits.shape[0]} logit rows, {len(params)} params, {len(generators)} generators"
         )
+    temperatures = torch.tensor([logprob_temperature(p.temperature) for p in params])
+    scaled = logits.float() / temperatures.unsqueeze(1)  # (B, V): one pass for every row
+    probs = torch.softmax(scaled, dim=-1)  # (B, V)
     tokens: list[int] = []
-    logprobs: list[float] = []
-    for row, sampling, generator in zip(logits.float(), params, generators, strict=True):
+    for row, (sampling, generator) in enumerate(zip(params, generators, strict=True)):
         if sampling.greedy:
-            token = int(torch.argmax(row))
-        else:
-            if generator is None:
-                raise ValueError("a sampled (temperature > 0) row needs a torch.Generator")
-            probs = filtered_probs(row / sampling.temperature, sampling.top_k, sampling.top_p)
-            token = int(torch.multinomial(probs, 1, generator=generator))
-        token_tensor = torch.tensor(token)
-        tokens.append(token)
-        logprobs.append(float(temperature_logprobs(row, token_tensor, sampling.temperature)))
-    return tokens, logprobs
+            tokens.append(int(torch.argmax(logits[row])))
+            continue
+        if generator is None:
+            raise ValueError("a sampled (temperature > 0) row needs a torch.Generator")
+        row_probs = probs[row]
+        if 0 < sampling.top_k < row_probs.numel() or sampling.top_p < 1.0:
+            row_probs = filtered_probs(scaled[row], sampling.top_k, sampling.top_p)
+        tokens.append(int(torch.multinomial(row_probs, 1, generator=generator)))
+    picked = scaled.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)  # (B,)
+    logprobs = picked - torch.logsumexp(scaled, dim=-1)  # temperature_logprobs, batched
+    return tokens, logprobs.tolist()
