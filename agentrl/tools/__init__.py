@@ -5,8 +5,13 @@
 * :class:`HermesParser` / :class:`TagParser` -- read tool calls out of model text, and write them.
 * :func:`run_python` / :func:`python_tool` -- run Python in a separate process with a time limit
   (no sandbox: see :mod:`agentrl.tools.python` for what is not isolated).
+* :class:`Sandbox` -- the sandbox protocol; backends :class:`BubblewrapSandbox`
+  (:mod:`agentrl.tools.bwrap`) and :class:`ContainerSandbox` (:mod:`agentrl.tools.container`), and
+  :class:`SandboxPool` of warm sandboxes.
 """
 
+from agentrl.tools.bwrap import BubblewrapSandbox
+from agentrl.tools.container import ContainerSandbox
 from agentrl.tools.parsers import (
     HermesParser,
     ParseResult,
@@ -15,14 +20,29 @@ from agentrl.tools.parsers import (
     ToolCallError,
     ToolCallParser,
 )
-from agentrl.tools.python import ExecResult, python_tool, run_python
+from agentrl.tools.python import python_tool, run_python
+from agentrl.tools.sandbox import (
+    ExecResult,
+    Sandbox,
+    SandboxCrashed,
+    SandboxError,
+    SandboxLimits,
+)
+from agentrl.tools.sandbox_pool import SandboxPool, sandbox_factory
 from agentrl.tools.tool import Tool, ToolArgumentError
 from agentrl.tools.toolset import ToolSet
 
 __all__ = [
+    "BubblewrapSandbox",
+    "ContainerSandbox",
     "ExecResult",
     "HermesParser",
     "ParseResult",
+    "Sandbox",
+    "SandboxCrashed",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxPool",
     "TagParser",
     "Tool",
     "ToolArgumentError",
@@ -32,4 +52,5 @@ __all__ = [
     "ToolSet",
     "python_tool",
     "run_python",
+    "sandbox_factory",
 ]

@@ -36,28 +36,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 
+from agentrl.tools.sandbox import ExecResult
 from agentrl.tools.tool import Tool
 
 # How long to wait for output after the kill: processes that escaped the group may hold the pipes.
 _DRAIN_GRACE_S = 1.0
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """The outcome of one run.
-
-    ``exit_code`` is the process's exit status (negative: killed by that signal), or ``None`` when
-    it timed out and was killed. ``truncated`` is true when stdout or stderr exceeded the cap.
-    """
-
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    truncated: bool
-    duration_s: float
 
 
 class _CappedBuffer:

@@ -1,0 +1,247 @@
+"""Container sandboxes through the ``docker`` Python SDK: a Docker Engine or Podman's compatible API.
+
+The client comes from ``docker.from_env()`` (``DOCKER_HOST``; for Podman,
+``unix:///run/podman/podman.sock``, which ``sandboxes/setup.sh`` starts). Each sandbox is one
+container whose first process is the agent (:mod:`agentrl.tools.sandbox_agent`); the host talks to
+it over the container's attached stdin/stdout, so a tool call is one round trip on an open socket,
+not a new ``exec``. The image needs only ``python3`` (``sandboxes/build.sh`` builds one).
+
+What a :class:`ContainerSandbox` covers (each point has an adversarial test):
+
+* **Network**: ``network_mode="none"`` unless ``limits.network``: only loopback.
+* **Filesystem**: a read-only root; ``/work`` and ``/tmp`` are tmpfs mounts of ``limits.disk_mb``
+  each that die with the container, so no episode sees another's files.
+* **User**: uid/gid 65534, every capability dropped, ``no-new-privileges``.
+* **Limits**: memory (swap included) and process count from the container's cgroup, CPU quota
+  from ``nano_cpus``, ``RLIMIT_FSIZE`` on each file. Over the memory limit the kernel's OOM killer
+  acts inside the container (the caller sees exit 137 for the killed command).
+
+What it does NOT cover: the kernel is shared with the host (as with every container); the seccomp
+profile and the rest of the hardening are the engine's defaults; the sandboxed code runs as the same
+uid as the agent that reports its results.
+
+Containers carry the label ``agentrl.sandbox`` with the owning process, so :func:`remove_orphans`
+can clear what a crashed run left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+from typing import Any
+
+from agentrl.tools.sandbox import Sandbox, SandboxError, SandboxLimits, agent_command
+
+DEFAULT_IMAGE = "localhost/agentrl-python:latest"
+"""The image ``sandboxes/build.sh`` builds: Debian's minimal base with ``python3``."""
+
+LABEL = "agentrl.sandbox"
+_USER = "65534:65534"
+_READ_LIMIT = 64 << 20
+_STDERR_TAIL = 4096
+
+
+class ContainerSandbox(Sandbox):
+    """A sandbox in a container; build one with :meth:`start`."""
+
+    def __init__(self, client: Any, container: Any, connection: _AttachedStreams) -> None:
+        super().__init__(connection.stdout, connection.writer)
+        self._client = client
+        self._container = container
+        self._connection = connection
+
+    @property
+    def container_id(self) -> str:
+        """The engine's id of this sandbox's container."""
+        return self._container.id
+
+    @classmethod
+    async def start(
+        cls,
+        limits: SandboxLimits | None = None,
+        *,
+        image: str = DEFAULT_IMAGE,
+        client: Any = None,
+    ) -> ContainerSandbox:
+        """Create and start a container from ``image`` and wait until its agent answers.
+
+        ``client`` is a ``docker.DockerClient`` (default ``docker.from_env()``). Raises
+        :class:`SandboxError` when the engine is unreachable, the image is missing or the
+        container fails to start; a container that failed to start is removed.
+        """
+        limits = limits or SandboxLimits()
+        client = client or await asyncio.to_thread(connect)
+        container = await asyncio.to_thread(_create, client, image, limits)
+        try:
+            connection = await _attach(client, container)
+            await asyncio.to_thread(container.start)
+            sandbox = cls(client, container, connection)
+        except BaseException as exc:
+            await asyncio.to_thread(_remove, container)
+            raise SandboxError(f"the container sandbox did not start: {exc}") from exc
+        try:
+            await sandbox.ping(timeout=30.0)
+        except BaseException:
+            reason = await sandbox._death_reason()
+            await sandbox.close()
+            raise SandboxError(f"the container sandbox did not start: {reason}") from None
+        return sandbox
+
+    async def _shutdown(self) -> None:
+        self._connection.close()
+        await asyncio.to_thread(_remove, self._container)
+        with contextlib.suppress(asyncio.CancelledError):
+            self._connection.pump.cancel()
+            await self._connection.pump
+
+    async def _death_reason(self) -> str:
+        try:
+            state = await asyncio.to_thread(_state, self._container)
+        except Exception as exc:
+            return f"the container is gone ({type(exc).__name__}: {exc})"
+        code = state.get("ExitCode")
+        reason = f"the container stopped (status {state.get('Status')}, exit code {code})"
+        if state.get("OOMKilled") or code == 137:
+            # Podman on cgroup v1 never sets OOMKilled: 137 (SIGKILL) is the only sign left.
+            reason += ": killed, by the out-of-memory killer or a SIGKILL"
+        stderr = bytes(self._connection.stderr_tail).decode(errors="replace").strip()
+        return f"{reason}; agent stderr: {stderr}" if stderr else reason
+
+
+def connect() -> Any:
+    """``docker.from_env()`` with a clear error when no engine answers."""
+    import docker  # the SDK is optional: only this backend needs it
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        host = os.environ.get("DOCKER_HOST", "the default socket")
+        raise SandboxError(
+            f"no container engine answers at {host}: {exc}. Start one with "
+            "`sudo sandboxes/setup.sh` and set DOCKER_HOST=unix:///run/podman/podman.sock"
+        ) from exc
+    return client
+
+
+def remove_orphans(client: Any = None) -> int:
+    """Remove sandbox containers whose owning process on this host is gone; return how many."""
+    client = client or connect()
+    removed = 0
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        host, _, pid = container.labels.get(LABEL, "").rpartition(":")
+        if host == socket.gethostname() and pid.isdigit() and _pid_alive(int(pid)):
+            continue
+        _remove(container)
+        removed += 1
+    return removed
+
+
+def _create(client: Any, image: str, limits: SandboxLimits) -> Any:
+    import docker
+
+    tmpfs_options = f"rw,size={limits.disk_mb}m,mode=1777"
+    try:
+        return client.containers.create(
+            image,
+            agent_command(limits),
+            stdin_open=True,
+            working_dir=Sandbox.workdir,
+            user=_USER,
+            network_mode="bridge" if limits.network else "none",
+            mem_limit=f"{limits.memory_mb}m",
+            memswap_limit=f"{limits.memory_mb}m",
+            pids_limit=limits.pids,
+            nano_cpus=int(limits.cpus * 1e9),
+            read_only=True,
+            tmpfs={Sandbox.workdir: tmpfs_options, "/tmp": tmpfs_options},
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            environment={"HOME": Sandbox.workdir, "LANG": "C.UTF-8", "TMPDIR": "/tmp"},
+            labels={LABEL: f"{socket.gethostname()}:{os.getpid()}"},
+        )
+    except docker.errors.ImageNotFound as exc:
+        raise SandboxError(
+            f"sandbox image {image!r} not found: build it with `sudo sandboxes/build.sh`"
+        ) from exc
+    except docker.errors.DockerException as exc:
+        raise SandboxError(f"cannot create a sandbox container from {image!r}: {exc}") from exc
+
+
+class _AttachedStreams:
+    """The container's attached stdio: a writer for stdin, a reader of the demultiplexed stdout.
+
+    Without a TTY the engine multiplexes stdout and stderr on one socket in frames of an 8-byte
+    header (stream id, 3 zero bytes, big-endian length) and a payload (Docker Engine API, "Attach
+    to a container"); ``pump`` splits them, feeding stdout to ``stdout`` and keeping stderr's tail.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.stdout = asyncio.StreamReader(limit=_READ_LIMIT)
+        self.stderr_tail = bytearray()
+        self.pump = asyncio.create_task(self._demultiplex(reader))
+
+    async def _demultiplex(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                header = await reader.readexactly(8)
+                stream, length = header[0], struct.unpack(">I", header[4:])[0]
+                payload = await reader.readexactly(length)
+                if stream == 2:
+                    self.stderr_tail += payload
+                    del self.stderr_tail[:-_STDERR_TAIL]
+                else:
+                    self.stdout.feed_data(payload)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.stdout.feed_eof()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _attach(client: Any, container: Any) -> _AttachedStreams:
+    params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+    response = await asyncio.to_thread(client.api.attach_socket, container.id, params)
+    raw = response._sock if hasattr(response, "_sock") else response
+    raw.setblocking(False)
+    if raw.family == socket.AF_UNIX:
+        reader, writer = await asyncio.open_unix_connection(sock=raw, limit=_READ_LIMIT)
+    else:
+        reader, writer = await asyncio.open_connection(sock=raw, limit=_READ_LIMIT)
+    return _AttachedStreams(reader, writer)
+
+
+def _state(container: Any) -> dict[str, Any]:
+    container.reload()
+    return container.attrs.get("State", {})
+
+
+def _remove(container: Any) -> None:
+    """Force-remove ``container``; podman 4.3 can answer 500 for one that just exited: retry."""
+    import docker
+
+    for attempt in range(5):
+        try:
+            container.remove(force=True)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError:
+            if attempt == 4:
+                raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,147 @@
+"""A pool of warm sandboxes: one fresh sandbox per episode, started before it is asked for.
+
+``async with pool.acquire() as sandbox:`` hands out a sandbox that no earlier episode has touched
+(sandboxes are replaced, never reset, so no file, process or interpreter state can leak from one
+episode into the next). While the episode runs, the pool starts its replacement in the background,
+so an episode waits for a start only when more are running at once than ``warm``. A sandbox that
+died while idle is detected at hand-out (a ping) and replaced; one that crashed during an episode
+is counted in ``stats.crashed`` and discarded at release.
+
+Build one with a backend name (:func:`sandbox_factory`) or any ``async () -> Sandbox`` callable::
+
+    async with SandboxPool(sandbox_factory("bwrap"), warm=4) as pool:
+        async with pool.acquire() as sandbox:
+            await sandbox.run_python("print(1)")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Self
+
+from agentrl.tools.sandbox import Sandbox, SandboxError, SandboxLimits
+
+SandboxFactory = Callable[[], Awaitable[Sandbox]]
+
+BACKENDS = ("bwrap", "container")
+"""Backend names :func:`sandbox_factory` accepts."""
+
+
+def sandbox_factory(
+    backend: str, limits: SandboxLimits | None = None, **options: Any
+) -> SandboxFactory:
+    """A factory for ``backend`` (``"bwrap"`` or ``"container"``); ``options`` go to its ``start``.
+
+    For ``"container"`` the options are ``image`` and ``client``; for ``"bwrap"``, ``python``.
+    """
+    if backend == "bwrap":
+        from agentrl.tools.bwrap import BubblewrapSandbox
+
+        return lambda: BubblewrapSandbox.start(limits, **options)
+    if backend == "container":
+        from agentrl.tools.container import ContainerSandbox
+
+        return lambda: ContainerSandbox.start(limits, **options)
+    raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+@dataclass
+class PoolStats:
+    """Counters since the pool opened."""
+
+    started: int = 0
+    """Sandboxes started."""
+    served: int = 0
+    """Sandboxes handed out by :meth:`SandboxPool.acquire`."""
+    crashed: int = 0
+    """Sandboxes found dead (idle or in use) and replaced."""
+
+
+class SandboxPool:
+    """Keeps ``warm`` started sandboxes ready; each is used by one episode, then destroyed."""
+
+    def __init__(self, factory: SandboxFactory, *, warm: int = 2) -> None:
+        if warm < 0:
+            raise ValueError(f"warm must be >= 0, got {warm}")
+        self._factory = factory
+        self._warm = warm
+        self._idle: asyncio.Queue[Sandbox] = asyncio.Queue()
+        self._refills: set[asyncio.Task[Any]] = set()
+        self._closes: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self.stats = PoolStats()
+
+    async def __aenter__(self) -> Self:
+        for _ in range(self._warm):
+            self._spawn(self._refill(), self._refills)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Sandbox]:
+        """A fresh, answering sandbox for one episode; it is destroyed when the block exits."""
+        if self._closed:
+            raise SandboxError("the sandbox pool is closed")
+        sandbox = await self._take()
+        self.stats.served += 1
+        self._spawn(self._refill(), self._refills)
+        try:
+            yield sandbox
+        finally:
+            if not sandbox.alive and not self._closed:
+                self.stats.crashed += 1
+            self._spawn(sandbox.close(), self._closes)
+
+    async def close(self) -> None:
+        """Destroy every sandbox the pool holds and wait for background starts and closes."""
+        self._closed = True
+        for task in self._refills:
+            task.cancel()
+        await asyncio.gather(*self._refills, *self._closes, return_exceptions=True)
+        while not self._idle.empty():
+            await self._idle.get_nowait().close()
+
+    async def _take(self) -> Sandbox:
+        while not self._idle.empty():
+            sandbox = self._idle.get_nowait()
+            try:
+                await sandbox.ping()
+                return sandbox
+            except SandboxError:
+                self.stats.crashed += 1
+                self._spawn(sandbox.close(), self._closes)
+        return await self._start()
+
+    async def _start(self) -> Sandbox:
+        sandbox = await self._factory()
+        self.stats.started += 1
+        return sandbox
+
+    async def _refill(self) -> None:
+        if self._idle.qsize() >= self._warm:
+            return
+        sandbox = await self._start()
+        if self._closed:
+            await sandbox.close()
+        else:
+            self._idle.put_nowait(sandbox)
+
+    def _spawn(self, coroutine: Awaitable[Any], tasks: set[asyncio.Task[Any]]) -> None:
+        """Run ``coroutine`` in the background; a failed start surfaces at the next acquire."""
+        task = asyncio.ensure_future(coroutine)
+        tasks.add(task)
+        task.add_done_callback(_forget(tasks))
+
+
+def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    def done(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the failure is not logged as "never retrieved"
+
+    return done
