@@ -11,19 +11,22 @@ The whole contract:
   (no timings: rollouts measure those) so that ``check_env`` passes.
 - **Async first**: subclasses implement :meth:`areset` and :meth:`astep` (and :meth:`aclose` if they
   hold resources). Blocking work (verifiers, subprocesses) is awaited off the event loop, so thousands
-  of environments share one loop. ``reset``/``step``/``close`` are Gymnasium's synchronous forms; each
-  call runs its async twin on a fresh event loop (``asyncio.run``) and refuses to run inside a running
-  loop.
+  of environments share one loop. ``reset``/``step``/``close`` are Gymnasium's synchronous forms; they
+  run their async twins on one event loop the environment keeps until ``close`` (so a sandbox or a
+  connection opened in ``reset`` still works in ``step``), and refuse to run inside a running loop.
 - **Seeding**: subclasses call ``await super().areset(seed=seed, options=options)`` first, the async
   twin of Gymnasium's ``super().reset(seed=seed)``; it seeds :attr:`np_random`.
 
-Environment state must not hold objects bound to one event loop between calls (futures, locks,
-subprocess transports): an environment may be reset on one loop and stepped on another.
+An episode runs on one event loop: the synchronous verbs share the environment's own loop, and the
+async ones must be awaited on a single loop from ``areset`` to the episode's end (the rollout
+runner does), because environments may hold loop-bound objects (sandboxes, subprocess transports)
+for an episode.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Coroutine
 from typing import Any, ClassVar, SupportsFloat, TypeVar
 
@@ -67,16 +70,40 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         return self.run_sync(self.astep(action))
 
     def close(self) -> None:
-        self.run_sync(self.aclose())
+        try:
+            self.run_sync(self.aclose())
+        finally:
+            loop = self.__dict__.pop("_sync_loop", None)
+            if loop is not None:
+                _close_loop(loop)
 
     def run_sync(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` to completion on a fresh event loop; refuse inside a running loop."""
+        """Run ``coro`` on this environment's own event loop (kept until ``close``); refuse
+        inside a running loop."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(coro)
+            loop = self.__dict__.get("_sync_loop")
+            if loop is None:
+                loop = self.__dict__["_sync_loop"] = asyncio.new_event_loop()
+                weakref.finalize(self, loop.close)  # an environment dropped without close()
+            return loop.run_until_complete(coro)
         coro.close()
         raise RuntimeError(
             f"{type(self).__name__}: the synchronous reset/step/close were called inside a running "
             "event loop; use `await env.areset()`, `await env.astep(action)`, `await env.aclose()`"
         )
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what is left on ``loop``, finish its async generators and worker threads, close it."""
+    try:
+        leftovers = asyncio.all_tasks(loop)
+        for task in leftovers:
+            task.cancel()
+        if leftovers:
+            loop.run_until_complete(asyncio.wait(leftovers))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+    finally:
+        loop.close()

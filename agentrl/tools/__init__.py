@@ -28,13 +28,14 @@ from agentrl.tools.sandbox import (
     SandboxError,
     SandboxLimits,
 )
-from agentrl.tools.sandbox_pool import SandboxPool, sandbox_factory
+from agentrl.tools.sandbox_pool import EpisodeSandbox, SandboxPool, sandbox_factory
 from agentrl.tools.tool import Tool, ToolArgumentError
 from agentrl.tools.toolset import ToolSet
 
 __all__ = [
     "BubblewrapSandbox",
     "ContainerSandbox",
+    "EpisodeSandbox",
     "ExecResult",
     "HermesParser",
     "ParseResult",

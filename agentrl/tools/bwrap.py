@@ -5,8 +5,9 @@ What a :class:`BubblewrapSandbox` covers (each point has an adversarial test):
 * **Network**: a new network namespace with only loopback (unless ``limits.network``); connections
   out fail with ``ENETUNREACH``.
 * **Filesystem**: the host's ``/usr`` (with the ``/bin``, ``/lib``... links into it) is mounted
-  read-only and nothing else of the host is visible; ``/work`` (the work directory) and ``/tmp``
-  are private tmpfs mounts that vanish with the sandbox, so no episode sees another's files.
+  read-only and nothing else of the host is visible; the root is read-only too. ``/work`` (the work
+  directory) and ``/tmp`` are private tmpfs mounts that vanish with the sandbox, so no episode sees
+  another's files.
 * **Processes**: a new pid namespace whose init is bubblewrap's, with ``--die-with-parent`` and
   ``--new-session``; killing the sandbox kills every process in it. Commands run as uid 65534
   with no capabilities (as root, through ``setpriv``; otherwise as the calling user).
@@ -68,6 +69,11 @@ class BubblewrapSandbox(Sandbox):
         self._cgroups = cgroups
         self._stderr_tail = stderr_tail
         self._stderr_task = stderr_task
+
+    @property
+    def pid(self) -> int:
+        """The host pid of the sandbox's outermost process (its process group id too)."""
+        return self._process.pid
 
     @classmethod
     async def start(
@@ -155,7 +161,7 @@ def _command(bwrap: str, python: str, limits: SandboxLimits, cgroups: list[Path]
     for extra in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime"):
         box += ["--ro-bind-try", extra, extra]
     box += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", Sandbox.workdir]
-    box += ["--chdir", Sandbox.workdir, "--clearenv"]
+    box += ["--remount-ro", "/", "--chdir", Sandbox.workdir, "--clearenv"]
     environment = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": Sandbox.workdir,

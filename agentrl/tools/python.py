@@ -38,6 +38,7 @@ import tempfile
 import time
 
 from agentrl.tools.sandbox import ExecResult
+from agentrl.tools.sandbox_tools import result_text
 from agentrl.tools.tool import Tool
 
 # How long to wait for output after the kill: processes that escaped the group may hold the pipes.
@@ -161,7 +162,7 @@ def python_tool(*, timeout: float = 10.0, max_output_bytes: int = 16_384) -> Too
             code: The complete program. Only what it prints is returned; use print().
         """
         result = await run_python(code, timeout=timeout, max_output_bytes=max_output_bytes)
-        return _as_text(result, timeout=timeout, max_output_bytes=max_output_bytes)
+        return result_text(result, timeout=timeout, max_output_bytes=max_output_bytes)
 
     description = (
         "Run a Python program in a fresh interpreter and return its printed output (stdout, then "
@@ -188,18 +189,3 @@ def _child_environment(workdir: str) -> dict[str, str]:
     if "LD_LIBRARY_PATH" in os.environ:
         environment["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
     return environment
-
-
-def _as_text(result: ExecResult, *, timeout: float, max_output_bytes: int) -> str:
-    notes = []
-    if result.timed_out:
-        notes.append(f"[timed out after {timeout:g} s]")
-    elif result.exit_code:
-        notes.append(f"[exit code {result.exit_code}]")
-    if result.truncated:
-        notes.append(f"[output truncated to {max_output_bytes} bytes]")
-    text = ""
-    for section in (result.stdout, result.stderr, *notes):
-        if section:
-            text += section if not text or text.endswith("\n") else "\n" + section
-    return text

@@ -187,8 +187,10 @@ class _Interpreter:
             _children.add(self.process.pid)
 
     def run(self, code, out, err, timeout):
-        """Return the worker's exit code, or None after ``timeout`` or if the worker died."""
+        """Return the worker's reply exit code, or None after ``timeout`` or if the worker died
+        (``self.timed_out`` tells which)."""
         line = json.dumps({"code": code, "out": out, "err": err}) + "\n"
+        self.timed_out = False
         try:
             os.write(self.request_write, line.encode("utf-8", errors="surrogatepass"))
         except OSError:
@@ -198,6 +200,7 @@ class _Interpreter:
         while not reply.endswith(b"\n"):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([self.reply_read], [], [], remaining)[0]:
+                self.timed_out = True
                 return None
             chunk = os.read(self.reply_read, 4096)
             if not chunk:
@@ -227,7 +230,7 @@ def op_python(request):
         interpreter = _interpreter[0]
         exit_code = interpreter.run(request["code"], out, err, float(request["timeout"]))
         restarted = exit_code is None
-        timed_out = restarted and interpreter.process.poll() is None
+        timed_out = interpreter.timed_out
         if restarted:
             interpreter.kill()
             _interpreter[0] = None

@@ -145,3 +145,43 @@ def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None
             task.exception()  # retrieved: the failure is not logged as "never retrieved"
 
     return done
+
+
+class EpisodeSandbox:
+    """The sandbox of one episode: started (or taken from a pool) on first use, destroyed at release.
+
+    ``get`` is the ``get_sandbox`` callable :func:`~agentrl.tools.sandbox_tools.sandbox_tools`
+    wants. A sandbox that crashed is replaced by a fresh one on the next ``get`` (its state is
+    gone; the tool's error message already said so). Environments call :meth:`release` when an
+    episode ends, on reset and in ``aclose``.
+    """
+
+    def __init__(self, factory: SandboxFactory, pool: SandboxPool | None = None) -> None:
+        self._factory = factory
+        self._pool = pool
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._sandbox: Sandbox | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether this episode has a sandbox now."""
+        return self._sandbox is not None
+
+    async def get(self) -> Sandbox:
+        """The episode's live sandbox, started now if there is none (or it crashed)."""
+        if self._sandbox is not None and not self._sandbox.alive:
+            await self.release()
+        if self._sandbox is None:
+            stack = contextlib.AsyncExitStack()
+            if self._pool is not None:
+                self._sandbox = await stack.enter_async_context(self._pool.acquire())
+            else:
+                self._sandbox = await stack.enter_async_context(await self._factory())
+            self._stack = stack
+        return self._sandbox
+
+    async def release(self) -> None:
+        """Destroy the episode's sandbox, if any; safe to call at any time."""
+        stack, self._stack, self._sandbox = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()

@@ -7,6 +7,10 @@ Modes (``mode=``):
   ``tool_format="tags"``, or Hermes ``<tool_call>`` JSON with ``tool_format="hermes"``); each call's
   output comes back as a ``tool`` message. The episode ends at the first turn with a final answer, or
   at a turn with neither a tool call nor an answer. Malformed calls come back as error messages.
+  The code runs in the episode's sandbox (``sandbox=``: ``"bwrap"`` by default, or ``"container"``;
+  see :mod:`agentrl.tools.sandbox`), started at the first call, with one persistent interpreter
+  per episode, and destroyed when the episode ends. ``sandbox="subprocess"`` runs each call in a
+  fresh, unisolated Python process instead (:mod:`agentrl.tools.python`).
 
 The final answer is the content of ``<answer>...</answer>`` or of the last ``\\boxed{...}``
 (``answer_format`` picks which are accepted). ``answer_format="flexible"`` also falls back to the last
@@ -31,7 +35,19 @@ from agentrl.envs.core import AgentEnv, ResetResult, StepResult
 from agentrl.envs.math.dataset import Format, MathProblem, last_boxed, read_dataset, to_problems
 from agentrl.envs.math.generated import generate_problems
 from agentrl.envs.math.verifier import shared_pool
-from agentrl.tools import HermesParser, TagParser, ToolCall, ToolSet, python_tool
+from agentrl.tools import (
+    EpisodeSandbox,
+    HermesParser,
+    SandboxLimits,
+    SandboxPool,
+    TagParser,
+    ToolCall,
+    ToolSet,
+    python_tool,
+    sandbox_factory,
+)
+from agentrl.tools.container import DEFAULT_IMAGE
+from agentrl.tools.sandbox_tools import sandbox_tools
 
 ANSWER_TAGS = TagParser({"answer": "answer"})
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -63,6 +79,15 @@ class MathConfig(Config):
     (either, else the last number in the text, which scores 0 on the format component)."""
     system_prompt: str | None = None
     """Replaces the built-in system prompt."""
+    sandbox: Literal["bwrap", "container", "subprocess"] = "bwrap"
+    """Where the python tool runs: a bubblewrap or container sandbox (persistent interpreter per
+    episode), or an unisolated fresh process per call (subprocess)."""
+    sandbox_image: str = DEFAULT_IMAGE
+    """Image of the container sandbox."""
+    sandbox_limits: SandboxLimits = SandboxLimits(memory_mb=512, pids=64, cpus=1.0)
+    """Memory, process, CPU and disk limits of the sandbox."""
+    sandbox_pool: SandboxPool | None = None
+    """Take sandboxes from this pool (shared by many environments) instead of starting one per episode."""
     python_timeout: float = Field(10.0, gt=0)
     """Wall-clock limit of one python tool call, in seconds."""
     python_max_output_bytes: int = Field(16_384, ge=256)
@@ -79,16 +104,26 @@ class MathEnv(AgentEnv):
         self.problems = load_problems(self.config)
         self.problem: MathProblem | None = None
         multi = self.config.mode == "multi"
-        self.tools = ToolSet(
-            [
+        config = self.config
+        self.sandbox: EpisodeSandbox | None = None
+        tools = []
+        if multi and config.sandbox == "subprocess":
+            tools = [
                 python_tool(
-                    timeout=self.config.python_timeout,
-                    max_output_bytes=self.config.python_max_output_bytes,
+                    timeout=config.python_timeout, max_output_bytes=config.python_max_output_bytes
                 )
             ]
-            if multi
-            else []
-        )
+        elif multi:
+            options = {"image": config.sandbox_image} if config.sandbox == "container" else {}
+            factory = sandbox_factory(config.sandbox, config.sandbox_limits, **options)
+            self.sandbox = EpisodeSandbox(factory, config.sandbox_pool)
+            tools = sandbox_tools(
+                self.sandbox.get,
+                timeout=config.python_timeout,
+                max_output_bytes=config.python_max_output_bytes,
+                names=("python",),
+            )
+        self.tools = ToolSet(tools)
         self.parser = (
             (TagParser({"python": "code"}) if self.config.tool_format == "tags" else HermesParser())
             if multi
@@ -99,6 +134,8 @@ class MathEnv(AgentEnv):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> ResetResult:
         await super().areset(seed=seed, options=options)
+        if self.sandbox is not None:
+            await self.sandbox.release()
         index = (options or {}).get("index")
         if index is None:
             index = int(self.np_random.integers(len(self.problems)))
@@ -129,7 +166,13 @@ class MathEnv(AgentEnv):
                 messages = await self.tools.run(parsed.calls, parsed.errors)
                 info = {"tool_calls": len(parsed.calls), "tool_errors": len(parsed.errors)}
                 return messages, 0.0, False, False, info
+        if self.sandbox is not None:
+            await self.sandbox.release()
         return [], *(await self.grade(action, answer))
+
+    async def aclose(self) -> None:
+        if self.sandbox is not None:
+            await self.sandbox.release()
 
     async def grade(
         self, action: str, answer: str | None

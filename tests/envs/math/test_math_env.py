@@ -195,3 +195,28 @@ def test_flexible_format_still_runs_tool_calls_first():
     env.reset(seed=1)
     obs, reward, terminated, _, _ = env.step("<python>print(2 + 2)</python> maybe 4")
     assert (obs[0]["content"], reward, terminated) == ("4\n", 0.0, False)
+
+
+@pytest.mark.parametrize("sandbox", ["bwrap", pytest.param("container", marks=pytest.mark.slow)])
+def test_python_tool_keeps_state_within_an_episode_and_not_across(sandbox):
+    env = make(mode="multi", sandbox=sandbox)
+    try:
+        env.reset(seed=2)
+        env.step("<python>x = 6 * 7\nopen('note.txt', 'w').write('kept')</python>")
+        obs, *_ = env.step("<python>print(x, open('note.txt').read())</python>")
+        assert obs[0]["content"] == "42 kept\n"
+        _, _, terminated, _, _ = env.step("\\boxed{1}")
+        assert terminated and not env.unwrapped.sandbox.started  # the episode's sandbox is gone
+        env.reset(seed=3)
+        obs, *_ = env.step("<python>import os\nprint('x' in dir(), os.listdir('.'))</python>")
+        assert obs[0]["content"] == "False []\n"
+    finally:
+        env.close()
+
+
+def test_subprocess_python_tool_is_still_available():
+    env = make(mode="multi", sandbox="subprocess")
+    env.reset(seed=2)
+    obs, *_ = env.step("<python>x = 1</python>")
+    obs, *_ = env.step("<python>print(x)</python>")
+    assert "NameError" in obs[0]["content"]  # a fresh process per call: nothing persists
