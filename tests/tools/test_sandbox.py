@@ -56,7 +56,7 @@ async def test_files_round_trip_and_errors_are_clear(sandbox):
     assert (await sandbox.exec("cat text.txt")).stdout == "héllo"
     with pytest.raises(SandboxError, match="No such file"):
         await sandbox.read_file("missing.txt")
-    with pytest.raises(SandboxError, match="Read-only file system|Permission denied"):
+    with pytest.raises(SandboxError, match=r"Read-only file system|Permission denied"):
         await sandbox.write_file("/usr/evil", "x")
     assert sandbox.alive  # a refused request leaves the sandbox usable
 
