@@ -50,6 +50,7 @@ requests = os.fdopen(int(sys.argv[1]), "r")
 replies = os.fdopen(int(sys.argv[2]), "w")
 os.set_inheritable(requests.fileno(), False)
 os.set_inheritable(replies.fileno(), False)
+sys.path.insert(0, os.getcwd())  # modules in the work directory import, as in a REPL
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 for line in requests:
     request = json.loads(line)

@@ -95,7 +95,7 @@ class SandboxPool:
         finally:
             if not sandbox.alive and not self._closed:
                 self.stats.crashed += 1
-            self._spawn(sandbox.close(), self._closes)
+            await sandbox.close()
 
     async def close(self) -> None:
         """Destroy every sandbox the pool holds and wait for background starts and closes."""
