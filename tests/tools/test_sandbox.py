@@ -2,6 +2,7 @@
 client code; tests/tools/test_sandbox_isolation.py runs both), and the backends' start errors."""
 
 import asyncio
+import os
 
 import docker
 import pytest
@@ -106,3 +107,21 @@ async def test_container_start_errors_are_clear(monkeypatch):
     with pytest.raises(SandboxError, match="no container engine answers"):
         await ContainerSandbox.start()
     assert docker  # the SDK is a dependency of the project
+
+
+@pytest.mark.slow
+def test_remove_orphans_clears_containers_of_dead_owners_only():
+    from agentrl.tools.container import DEFAULT_IMAGE, LABEL, connect, remove_orphans
+
+    client = connect()
+    host = __import__("socket").gethostname()
+    dead = client.containers.create(DEFAULT_IMAGE, ["true"], labels={LABEL: f"{host}:999999999"})
+    mine = client.containers.create(
+        DEFAULT_IMAGE, ["true"], labels={LABEL: f"{host}:{os.getpid()}"}
+    )
+    try:
+        assert remove_orphans(client) >= 1
+        ids = {c.id for c in client.containers.list(all=True, filters={"label": LABEL})}
+        assert dead.id not in ids and mine.id in ids
+    finally:
+        mine.remove(force=True)
