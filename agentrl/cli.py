@@ -9,6 +9,7 @@ import importlib
 SUBCOMMANDS = {
     "train": ("agentrl.trainer.cli", "train a policy with RL from a YAML config"),
     "rollout": ("agentrl.rollout.cli", "run an environment against the embedded engine"),
+    "serve": ("agentrl.engine_pool.cli", "serve the embedded engine over SGLang's HTTP API"),
     "check-template": ("agentrl.tokenization.cli", "check whether a chat template is append-only"),
 }
 

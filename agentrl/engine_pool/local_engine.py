@@ -176,6 +176,11 @@ class LocalEngine:
         return self._weight_version
 
     @property
+    def serving(self) -> bool:
+        """Whether the scheduler runs and requests are accepted (started, not closed or dead)."""
+        return self._task is not None and not self._task.done() and not self._closed
+
+    @property
     def model(self) -> PreTrainedModel:
         if self._model is None:
             raise EngineError("LocalEngine has not loaded its model yet: call start()")

@@ -1,0 +1,33 @@
+"""``agentrl serve MODEL``: the embedded engine as an HTTP server speaking SGLang's native API."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help='"smollm2", a local model directory or a .gguf file')
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=30000, help="port to bind (default 30000)")
+    parser.add_argument(
+        "--max-batch-size", type=int, default=32, help="most requests decoded together (32)"
+    )
+    parser.add_argument("--dtype", default="float32", help="model dtype (default float32)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentrl.engine_pool.server import serve
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(
+            serve(
+                args.model,
+                host=args.host,
+                port=args.port,
+                max_batch_size=args.max_batch_size,
+                dtype=args.dtype,
+            )
+        )
+    return 0

@@ -1,0 +1,319 @@
+"""``agentrl serve``: the embedded engine behind an aiohttp server speaking SGLang's native HTTP API.
+
+Same routes and shapes as SGLang (see :mod:`agentrl.engine_pool.sglang_api` and
+``docs/sglang_http_api.md``), so :class:`~agentrl.engine_pool.sglang_engine.SGLangEngine` talks to
+either, and CPU users can run engines in separate processes. Routes:
+
+========================================  ========================================================
+``POST /generate``                         one prompt of ``input_ids``; ``stream`` sends the final
+                                           chunk as one SSE event, then ``data: [DONE]``
+``GET /health``, ``GET /health_generate``  200 when serving (``health_generate`` decodes a token)
+``GET /model_info`` (``/get_model_info``)  model path, ``weight_version``, context length
+``GET /server_info`` (``/get_server_info``) engine counters (prefix-cache hits, tokens) and state
+``GET|POST /flush_cache``                  empties the prefix cache (plain text, as SGLang)
+``POST /pause_generation``                 ``{"mode": "abort"|"retract"|"in_place"}``
+``POST /continue_generation``              resumes
+``POST /abort_request``                    ``{"rid": prefix, "abort_all": bool}``; 200, empty body
+``POST /update_weights_from_disk``         ``{"model_path", "weight_version"}``: a safetensors dir
+``POST /update_weights_from_tensor``       ``{"serialized_named_tensors": [b64], "weight_version"}``
+``POST /update_weight_version``            ``{"new_version"}``
+========================================  ========================================================
+
+Differences from SGLang, by design: prompts are token ids only (no ``text``, no batches, ``n`` = 1);
+responses carry no ``text``; ``sampling_seed`` always applies; a streamed request gets only its final
+chunk. ``/update_weights_from_tensor`` takes agentrl's portable encoding (base64 of ``torch.save``
+of a list of ``(name, tensor)``; loaded with ``weights_only=True``) instead of SGLang's CUDA-IPC
+handles, because the sender here is another process without a shared GPU. Weight versions are
+integers written as strings. Bad requests get 400 ``{"error": {"message": ...}}``; a request to an
+engine that can no longer serve gets 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from agentrl.engine_pool.engine import EngineError, SamplingParams
+from agentrl.engine_pool.local_engine import LocalEngine
+from agentrl.engine_pool.sglang_api import (
+    ProtocolError,
+    error_body,
+    generate_response,
+    parse_generate_request,
+    parse_version,
+)
+
+_HEALTH_TIMEOUT_S = 20.0
+
+
+class EngineServer:
+    """The routes above around one started :class:`LocalEngine`; ``app`` is the aiohttp app."""
+
+    def __init__(self, engine: LocalEngine, *, model_path: str) -> None:
+        self.engine = engine
+        self.model_path = model_path
+        self._inflight: set[str] = set()
+        self._paused = False
+        self.app = web.Application(client_max_size=1 << 31)
+        get, post = web.get, web.post
+        self.app.add_routes(
+            [
+                post("/generate", self.generate),
+                web.put("/generate", self.generate),
+                get("/health", self.health),
+                get("/health_generate", self.health_generate),
+                get("/model_info", self.model_info),
+                get("/get_model_info", self.model_info),
+                get("/server_info", self.server_info),
+                get("/get_server_info", self.server_info),
+                get("/flush_cache", self.flush_cache),
+                post("/flush_cache", self.flush_cache),
+                post("/pause_generation", self.pause_generation),
+                post("/continue_generation", self.continue_generation),
+                post("/abort_request", self.abort_request),
+                post("/update_weights_from_disk", self.update_weights_from_disk),
+                post("/update_weights_from_tensor", self.update_weights_from_tensor),
+                post("/update_weight_version", self.update_weight_version),
+            ]
+        )
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            input_ids, sampling, rid, stream = parse_generate_request(await _json(request))
+        except ProtocolError as exc:
+            return web.json_response(error_body(str(exc)), status=400)
+        rid = rid or uuid.uuid4().hex
+        if rid in self._inflight:
+            return web.json_response(error_body(f"duplicate request id {rid!r}"), status=400)
+        self._inflight.add(rid)
+        try:
+            result = await self.engine.generate(input_ids, sampling, session_id=rid)
+        except (ValueError, TypeError) as exc:
+            return web.json_response(error_body(str(exc)), status=400)
+        except EngineError as exc:
+            return web.json_response(error_body(str(exc)), status=503)
+        finally:
+            self._inflight.discard(rid)
+        body = generate_response(result, rid)
+        if not stream:
+            return web.json_response(body)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(f"data: {json.dumps(body)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self._serving() else 503)
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        if not self._serving():
+            return web.Response(status=503)
+        if self._paused:  # a probe would wait for continue_generation; the engine is alive
+            return web.Response(status=200)
+        probe = SamplingParams(temperature=0.0, max_new_tokens=1)
+        try:
+            await asyncio.wait_for(
+                self.engine.generate([0], probe, session_id=f"HEALTH_CHECK_{uuid.uuid4().hex}"),
+                _HEALTH_TIMEOUT_S,
+            )
+        except (EngineError, TimeoutError):
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        config = self.engine.model.config
+        return web.json_response(
+            {
+                "model_path": self.model_path,
+                "tokenizer_path": self.model_path,
+                "served_model_name": self.model_path,
+                "is_generation": True,
+                "weight_version": str(self.engine.weight_version),
+                "architectures": getattr(config, "architectures", None),
+                "context_length": getattr(config, "max_position_embeddings", None),
+            }
+        )
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        stats = asdict(self.engine.stats)
+        stats["prefix_hit_rate"] = self.engine.stats.prefix_hit_rate
+        return web.json_response(
+            {
+                "engine": "agentrl.LocalEngine",
+                "model_path": self.model_path,
+                "max_batch_size": self.engine.max_batch_size,
+                "weight_version": str(self.engine.weight_version),
+                "paused": self._paused,
+                "running_requests": len(self._inflight),
+                "stats": stats,
+            }
+        )
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        await self.engine.flush_cache()
+        return web.Response(text="Cache flushed.\n")
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        body = await _json(request, default={})
+        mode = body.get("mode", "abort") if isinstance(body, dict) else None
+        if mode not in ("abort", "retract", "in_place"):
+            return web.json_response(error_body(f"unknown pause mode {mode!r}"), status=400)
+        self._paused = True
+        await self.engine.pause()
+        if mode == "abort":  # in-flight requests return now, with their partial tokens
+            await self.engine.abort()
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        self._paused = False
+        await self.engine.resume()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await _json(request, default={})
+        if not isinstance(body, dict):
+            return web.json_response(error_body("the body must be a JSON object"), status=400)
+        if body.get("abort_all"):
+            await self.engine.abort()
+        elif body.get("rid"):
+            prefix = str(body["rid"])  # SGLang matches by prefix: "x" also aborts "x_0", "x_1"
+            for rid in [rid for rid in self._inflight if rid.startswith(prefix)]:
+                await self.engine.abort(rid)
+        return web.Response(status=200)
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        body = await _json(request, default={})
+        try:
+            version = self._next_version(body)
+            path = Path(str(body["model_path"]))
+            tensors = await asyncio.to_thread(_read_safetensors, path)
+            await self.engine.update_weights(tensors, version)
+        except (KeyError, ValueError, OSError, ProtocolError) as exc:
+            return _update_failed(exc)
+        return web.json_response(
+            {
+                "success": True,
+                "message": f"Succeeded to update model weights. Weight version updated to {version}.",
+                "num_paused_requests": 0,
+            }
+        )
+
+    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
+        body = await _json(request, default={})
+        try:
+            version = self._next_version(body)
+            (payload,) = body["serialized_named_tensors"]  # one entry per TP rank: we have one
+            tensors = await asyncio.to_thread(decode_named_tensors, payload)
+            await self.engine.update_weights(tensors, version)
+        except (KeyError, ValueError, TypeError, ProtocolError) as exc:
+            return _update_failed(exc)
+        except Exception as exc:  # an undecodable payload (pickle / torch errors)
+            return _update_failed(exc)
+        message = f"Succeeded to update model weights. Weight version updated to {version}."
+        return web.json_response({"success": True, "message": message})
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        body = await _json(request, default={})
+        try:
+            version = parse_version(body["new_version"])
+            await self.engine.update_weights([], version)
+        except (KeyError, ValueError, ProtocolError) as exc:
+            return _update_failed(exc)
+        return web.json_response(
+            {
+                "success": True,
+                "message": f"Weight version updated to {version}",
+                "new_version": str(version),
+            }
+        )
+
+    def _next_version(self, body: Any) -> int:
+        if not isinstance(body, dict):
+            raise ValueError("the body must be a JSON object")
+        given = body.get("weight_version")
+        return parse_version(given) if given is not None else self.engine.weight_version
+
+    def _serving(self) -> bool:
+        return self.engine.serving
+
+
+def encode_named_tensors(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
+    """agentrl's ``serialized_named_tensors`` entry: base64 of ``torch.save`` of the list."""
+    buffer = io.BytesIO()
+    torch.save([(name, tensor.detach().cpu()) for name, tensor in named_tensors], buffer)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def decode_named_tensors(payload: str) -> list[tuple[str, torch.Tensor]]:
+    """The inverse of :func:`encode_named_tensors` (``weights_only``: no arbitrary objects)."""
+    data = torch.load(io.BytesIO(base64.b64decode(payload)), weights_only=True)
+    if not isinstance(data, list) or not all(
+        isinstance(item, (list, tuple)) and len(item) == 2 for item in data
+    ):
+        raise ValueError("serialized_named_tensors must decode to a list of (name, tensor) pairs")
+    return [(str(name), tensor) for name, tensor in data]
+
+
+def _read_safetensors(path: Path) -> list[tuple[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files or not all(file.is_file() for file in files):
+        raise FileNotFoundError(f"no .safetensors weights at {path}")
+    return [item for file in files for item in load_file(file).items()]
+
+
+def _update_failed(exc: BaseException) -> web.Response:
+    message = f"Failed to update weights: {type(exc).__name__}: {exc}"
+    return web.json_response({"success": False, "message": message}, status=400)
+
+
+async def _json(request: web.Request, default: Any = None) -> Any:
+    """The request's JSON body (``default`` when empty); a 400 response for invalid JSON."""
+    text = await request.text()
+    if not text.strip():
+        if default is None:
+            raise web.HTTPBadRequest(
+                text=json.dumps(error_body("empty body")), content_type="application/json"
+            )
+        return default
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise web.HTTPBadRequest(
+            text=json.dumps(error_body(f"invalid JSON: {exc}")), content_type="application/json"
+        ) from None
+
+
+async def serve(
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    max_batch_size: int = 32,
+    dtype: str = "float32",
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Load ``model`` into a :class:`LocalEngine` and serve it until cancelled."""
+    async with LocalEngine(model, max_batch_size=max_batch_size, dtype=dtype) as engine:
+        runner = web.AppRunner(EngineServer(engine, model_path=str(model)).app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            print(f"agentrl serve: {model} on http://{host}:{port} (ready)", flush=True)
+            if ready is not None:
+                ready.set()
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()

@@ -1,0 +1,235 @@
+"""The subset of SGLang's native HTTP API that agentrl speaks, in one place: client and server share it.
+
+Shapes are taken from SGLang's source (release 0.5.23; repository ``sgl-project/sglang``):
+``python/sglang/srt/entrypoints/http_server.py`` (routes, error bodies) and
+``python/sglang/srt/managers/io_struct.py`` (``GenerateReqInput``, ``AbortReq``,
+``PauseGenerationReqInput``, ``UpdateWeightFromDiskReqInput``, ``UpdateWeightsFromTensorReqInput``,
+``InitWeightsUpdateGroupReqInput``, ``UpdateWeightsFromDistributedReqInput``);
+``tokenizer_manager.py`` builds ``meta_info``. ``docs/sglang_http_api.md`` has the field-by-field notes.
+
+``POST /generate`` request (one prompt; batches are not used)::
+
+    {"input_ids": [int], "rid": str, "return_logprob": true, "stream": false,
+     "sampling_params": {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids",
+                         "ignore_eos", "sampling_seed"}}
+
+Response: ``{"text"?, "output_ids": [int], "meta_info": {"id", "finish_reason",
+"prompt_tokens", "completion_tokens", "cached_tokens", "weight_version", "weight_versions"?,
+"output_token_logprobs": [[logprob, token_id, text|null]]}}``. ``finish_reason`` is
+``{"type": "stop", "matched": id}``, ``{"type": "length", "length": n}`` or ``{"type": "abort",
+"message": str}``. ``output_ids`` include the stop token. Weight versions are strings in SGLang;
+agentrl's are ints written as decimal strings (SGLang's initial ``"default"`` reads as 0).
+
+Differences an SGLang server has that this module absorbs: ``sampling_seed`` only takes effect with
+``--enable-deterministic-inference``; ``ignore_eos`` also disables ``stop_token_ids`` there;
+``top_k`` 0 is spelled ``-1``; a queued request that is aborted has no ``prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.engine_pool.engine import FinishReason, GenerateResult, SamplingParams
+
+ABORT_MESSAGE = "Aborted"
+
+
+class ProtocolError(ValueError):
+    """A request or response does not have the shape this API needs; the message says what."""
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+def generate_request(
+    input_ids: list[int], sampling: SamplingParams, rid: str, *, stream: bool = False
+) -> dict[str, Any]:
+    """The ``/generate`` body for one prompt of token ids, asking for output log-probs."""
+    params: dict[str, Any] = {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+        "max_new_tokens": sampling.max_new_tokens,
+        "ignore_eos": sampling.ignore_eos,
+    }
+    if sampling.stop_token_ids:
+        params["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.seed is not None:
+        params["sampling_seed"] = sampling.seed
+    return {
+        "input_ids": list(input_ids),
+        "sampling_params": params,
+        "rid": rid,
+        "return_logprob": True,
+        "stream": stream,
+    }
+
+
+def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str | None, bool]:
+    """``(input_ids, sampling, rid, stream)`` from a ``/generate`` body, or :class:`ProtocolError`.
+
+    Only token-id prompts are served (``text`` and batches are refused with a clear message);
+    unknown ``sampling_params`` keys are refused, as SGLang does.
+    """
+    if not isinstance(body, dict):
+        raise ProtocolError(f"the body must be a JSON object, got {type(body).__name__}")
+    if body.get("text") is not None or body.get("input_embeds") is not None:
+        raise ProtocolError("this server takes token ids only: send `input_ids`, not `text`")
+    input_ids = body.get("input_ids")
+    if not isinstance(input_ids, list) or not input_ids:
+        raise ProtocolError("`input_ids` must be a non-empty list of token ids")
+    if any(isinstance(item, list) for item in input_ids):
+        raise ProtocolError("batched `input_ids` (a list of lists) are not supported; send one")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+        raise ProtocolError("`input_ids` must contain only integers")
+    raw = body.get("sampling_params") or {}
+    if not isinstance(raw, dict):
+        raise ProtocolError("`sampling_params` must be an object")
+    known = {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids", "ignore_eos"}
+    unknown = sorted(set(raw) - known - {"sampling_seed", "n"})
+    if unknown:
+        raise ProtocolError(
+            f"unknown sampling_params {unknown}; expected some of {sorted(known | {'sampling_seed'})}"
+        )
+    if raw.get("n", 1) != 1:
+        raise ProtocolError("`n` > 1 is not supported; send one request per sample")
+    values = {key: raw[key] for key in known if raw.get(key) is not None}
+    if values.get("top_k") == -1:
+        values["top_k"] = 0
+    if "stop_token_ids" in values:
+        values["stop_token_ids"] = tuple(values["stop_token_ids"])
+    values.setdefault("max_new_tokens", 128)  # SGLang's default
+    try:
+        sampling = SamplingParams(**values, seed=raw.get("sampling_seed"))
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"bad sampling_params: {exc}") from None
+    rid = body.get("rid")
+    if rid is not None and not isinstance(rid, str):
+        raise ProtocolError("`rid` must be a string")
+    return input_ids, sampling, rid, bool(body.get("stream", False))
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+def generate_response(
+    result: GenerateResult, rid: str, *, cached_tokens: int = 0
+) -> dict[str, Any]:
+    """The ``/generate`` response body for ``result`` (what ``agentrl serve`` sends)."""
+    if result.finish_reason == "stop":
+        finish: dict[str, Any] = {"type": "stop", "matched": result.token_ids[-1]}
+    elif result.finish_reason == "length":
+        finish = {"type": "length", "length": len(result.token_ids)}
+    else:
+        finish = {"type": "abort", "message": ABORT_MESSAGE, "status_code": None, "err_type": None}
+    return {
+        "output_ids": result.token_ids,
+        "meta_info": {
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": len(result.token_ids),
+            "cached_tokens": cached_tokens,
+            "weight_version": str(result.weight_version),
+            "weight_versions": _version_spans(result.token_weight_versions),
+            "output_token_logprobs": [
+                [logprob, token, None]
+                for logprob, token in zip(result.logprobs, result.token_ids, strict=True)
+            ],
+        },
+    }
+
+
+def parse_generate_response(body: Any, prompt_tokens: int) -> GenerateResult:
+    """A :class:`GenerateResult` from a ``/generate`` response, or :class:`ProtocolError`.
+
+    Accepts SGLang's older and newer shapes: ``text`` may be absent, a queued request's abort has
+    no ``prompt_tokens``, ``weight_versions`` spans may be absent (every token then carries
+    ``weight_version``).
+    """
+    try:
+        meta = body["meta_info"]
+        token_ids = [int(token) for token in body["output_ids"]]
+        pairs = meta.get("output_token_logprobs")
+        if pairs is None:
+            if token_ids:
+                raise ProtocolError("the response has no `output_token_logprobs`")
+            pairs = []
+        logprobs = [float(pair[0]) for pair in pairs]
+        logprob_ids = [int(pair[1]) for pair in pairs]
+        reason = _finish_reason(meta["finish_reason"])
+        version = parse_version(meta.get("weight_version", "default"))
+        spans = meta.get("weight_versions")
+        versions = _versions_from_spans(spans, len(token_ids)) if spans else []
+    except ProtocolError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ProtocolError(f"malformed /generate response ({type(exc).__name__}: {exc})") from None
+    if logprob_ids != token_ids:
+        raise ProtocolError(
+            f"the response's log-probs are for tokens {logprob_ids[:8]}..., "
+            f"not for its output_ids {token_ids[:8]}..."
+        )
+    return GenerateResult(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=reason,
+        weight_version=versions[-1] if versions else version,
+        token_weight_versions=versions or [version] * len(token_ids),
+        prompt_tokens=int(meta.get("prompt_tokens", prompt_tokens)),
+        request_id=str(meta.get("id", "")),
+    )
+
+
+def error_body(message: str) -> dict[str, Any]:
+    """SGLang's error body for a bad ``/generate``: ``{"error": {"message": ...}}`` (status 400)."""
+    return {"error": {"message": message}}
+
+
+def error_message(body: Any) -> str:
+    """The message of an SGLang error body (``error`` as an object or a string, or ``message``)."""
+    if isinstance(body, dict):
+        error = body.get("error", body.get("message"))
+        if isinstance(error, dict):
+            return str(error.get("message", error))
+        if error is not None:
+            return str(error)
+    return str(body)
+
+
+def parse_version(value: Any) -> int:
+    """An agentrl weight version from SGLang's string (``"default"`` -> 0)."""
+    if value in (None, "default"):
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ProtocolError(f"weight version {value!r} is not an agentrl version number") from None
+
+
+def _finish_reason(value: Any) -> FinishReason:
+    kind = value.get("type") if isinstance(value, dict) else value
+    if kind not in ("stop", "length", "abort"):
+        raise ProtocolError(f"unknown finish_reason {value!r}")
+    return kind
+
+
+def _version_spans(versions: list[int]) -> list[dict[str, Any]]:
+    spans: list[dict[str, Any]] = []
+    for position, version in enumerate(versions):
+        if spans and spans[-1]["version"] == str(version):
+            spans[-1]["end"] = position + 1
+        else:
+            spans.append({"version": str(version), "start": position, "end": position + 1})
+    return spans
+
+
+def _versions_from_spans(spans: list[dict[str, Any]], length: int) -> list[int]:
+    versions: list[int] = []
+    for span in spans:
+        if span["start"] != len(versions) or span["end"] <= span["start"]:
+            raise ProtocolError(f"weight_versions spans are not contiguous: {spans}")
+        versions += [parse_version(span["version"])] * (span["end"] - span["start"])
+    if len(versions) != length:
+        raise ProtocolError(f"weight_versions cover {len(versions)} tokens, not {length}")
+    return versions
