@@ -1,0 +1,238 @@
+"""`agentrl serve` and `SGLangEngine` over real HTTP on loopback: token-exact against the in-process
+engine, session aborts, pause/resume, weight updates by tensor and by disk, and clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+import torch
+from aiohttp import web
+
+from agentrl.engine_pool.engine import EngineError, SamplingParams
+from agentrl.engine_pool.sglang_engine import SGLangEngine, serve_command
+
+pytestmark = pytest.mark.slow
+
+SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7, ignore_eos=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir(smollm2, tokenizer, tmp_path_factory):
+    """SmolLM2 saved as a Hugging Face directory: a server process loads it in a few seconds."""
+    path = tmp_path_factory.mktemp("smollm2-hf")
+    smollm2.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server_url(model_dir, tmp_path_factory):
+    """One `agentrl serve` process for the module; tests connect with their own SGLangEngine."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            serve_command(str(model_dir), port), stdout=output, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while not _healthy(url):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "agentrl serve did not become healthy"
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health_generate", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+async def server(server_url):
+    async with SGLangEngine(server_url) as engine:
+        yield engine
+
+
+async def test_tokens_and_logprobs_match_the_in_process_engine(server, engine, chat_prompt):
+    remote = await server.generate(chat_prompt, SAMPLED, session_id="a")
+    local = await engine.generate(chat_prompt, SAMPLED)
+    assert remote.token_ids == local.token_ids
+    assert remote.logprobs == pytest.approx(local.logprobs, abs=1e-5)
+    assert remote.finish_reason == "length" and remote.prompt_tokens == len(chat_prompt)
+    assert remote.token_weight_versions == [0] * 12
+    stop = remote.token_ids[3]
+    until_stop = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7, stop_token_ids=(stop,))
+    stopped = await server.generate(chat_prompt, until_stop)
+    first = remote.token_ids.index(stop)
+    assert stopped.finish_reason == "stop" and stopped.token_ids == remote.token_ids[: first + 1]
+
+
+async def test_abort_reaches_one_session_and_returns_partial_tokens(server, chat_prompt):
+    long = SamplingParams(max_new_tokens=400, ignore_eos=True, seed=1)
+    doomed = asyncio.create_task(server.generate(chat_prompt, long, session_id="s:1"))
+    # "s:1" must not match "s:10": session ids are quoted in the rid prefix
+    spared = asyncio.create_task(server.generate(chat_prompt, SAMPLED, session_id="s:10"))
+    await asyncio.sleep(1.5)
+    await server.abort("s:1")
+    aborted, finished = await asyncio.gather(doomed, spared)
+    assert aborted.finish_reason == "abort" and 0 < len(aborted.token_ids) < 400
+    assert len(aborted.logprobs) == len(aborted.token_ids)
+    assert finished.finish_reason == "length" and len(finished.token_ids) == 12
+
+
+async def test_pause_holds_requests_until_resume(server, chat_prompt):
+    await server.pause()
+    task = asyncio.create_task(server.generate(chat_prompt, SAMPLED))
+    await asyncio.sleep(1.0)
+    assert not task.done()
+    assert (await server.server_info())["paused"] is True
+    await server.resume()
+    assert len((await task).token_ids) == 12
+
+
+async def test_weight_updates_by_tensor_and_by_disk_set_versions(
+    server, smollm2, model_dir, chat_prompt
+):
+    name = "model.norm.weight"
+    before = await server.generate(chat_prompt, SAMPLED)
+    original = smollm2.state_dict()[name].clone()
+    await server.update_weights([(name, original * 0.5)], version=3)
+    assert server.weight_version == 3
+    changed = await server.generate(chat_prompt, SAMPLED)
+    assert changed.weight_version == 3 and changed.token_weight_versions == [3] * 12
+    assert changed.logprobs != before.logprobs  # the new weights are the ones decoding
+    await server.update_weights_from_disk(model_dir, version=4)  # back to the saved weights
+    restored = await server.generate(chat_prompt, SAMPLED)
+    assert (await server.model_info())["weight_version"] == "4"
+    assert restored.token_ids == before.token_ids and restored.token_weight_versions == [4] * 12
+    with pytest.raises(EngineError, match=r"unknown name 'no\.such\.weight'"):
+        await server.update_weights([("no.such.weight", torch.zeros(1))], version=5)
+    with pytest.raises(EngineError, match=r"no \.safetensors weights"):
+        await server.update_weights_from_disk(model_dir / "missing", version=5)
+    assert server.weight_version == 4
+
+
+async def test_bad_requests_get_400_with_sglang_error_bodies(server):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        await server.generate([10**9], SAMPLED)
+    async with aiohttp.ClientSession() as session:
+        cases = [
+            ("not json", "invalid JSON"),
+            (json.dumps({"text": "hi"}), "send `input_ids`"),
+            (json.dumps({"input_ids": [1], "sampling_params": {"seed": 1}}), "unknown sampling"),
+            (json.dumps({"input_ids": [[1], [2]]}), "batched"),
+            (json.dumps({"input_ids": [1], "sampling_params": {"top_p": 2}}), "top_p"),
+        ]
+        for body, message in cases:
+            async with session.post(f"{server.url}/generate", data=body) as response:
+                assert response.status == 400
+                assert message in (await response.json())["error"]["message"]
+        async with session.post(f"{server.url}/pause_generation", json={"mode": "nap"}) as r:
+            assert r.status == 400
+        async with session.post(f"{server.url}/flush_cache") as r:
+            assert r.status == 200 and (await r.text()).startswith("Cache flushed.")
+
+
+async def test_streaming_ends_with_done(server, chat_prompt):
+    body = {"input_ids": chat_prompt, "sampling_params": {"max_new_tokens": 3}, "stream": True}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{server.url}/generate", json=body) as response,
+    ):
+        events = [line for line in (await response.text()).split("\n\n") if line]
+    assert events[-1] == "data: [DONE]"
+    final = json.loads(events[-2].removeprefix("data: "))
+    assert len(final["output_ids"]) == 3 and final["meta_info"]["completion_tokens"] == 3
+
+
+async def fake_sglang(handler) -> tuple[web.AppRunner, str]:
+    """A stand-in for a misbehaving SGLang server (outside this project)."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (lambda: web.Response(text="<html>oops</html>"), "not JSON"),
+        (lambda: web.json_response({"output_ids": [1, 2]}), "malformed /generate response"),
+        (
+            lambda: web.json_response(
+                {
+                    "output_ids": [5],
+                    "meta_info": {
+                        "finish_reason": {"type": "stop"},
+                        "output_token_logprobs": [[-0.1, 6, None]],
+                    },
+                }
+            ),
+            "not for its output_ids",
+        ),
+        (lambda: web.json_response({"error": {"message": "boom"}}, status=500), "HTTP 500: boom"),
+    ],
+)
+async def test_malformed_responses_and_http_errors_are_engine_errors(reply, message):
+    async def handler(request):
+        if request.path == "/model_info":
+            return web.json_response({"weight_version": "default"})
+        return reply()
+
+    runner, url = await fake_sglang(handler)
+    try:
+        async with SGLangEngine(url) as engine:
+            with pytest.raises(EngineError, match=message):
+                await engine.generate([1, 2], SAMPLED)
+    finally:
+        await runner.cleanup()
+
+
+async def test_hung_and_dead_servers_are_engine_errors():
+    async def handler(request):
+        if request.path == "/model_info":
+            return web.json_response({"weight_version": "7"})
+        await asyncio.sleep(60)
+
+    runner, url = await fake_sglang(handler)
+    try:
+        async with SGLangEngine(url, request_timeout=1.0) as engine:
+            assert engine.weight_version == 7
+            with pytest.raises(EngineError, match="no answer within 1 s"):
+                await engine.generate([1], SAMPLED)
+    finally:
+        await runner.cleanup()
+    with pytest.raises(EngineError, match=r"Cannot connect|ClientConnector"):
+        await SGLangEngine(url).start()
+
+
+def test_serve_cli_help():
+    result = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "serve", "--help"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and "--max-batch-size" in result.stdout
