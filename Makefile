@@ -17,11 +17,18 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: GRPO training of SmolLM2 on Math-v0 with the embedded engine (3 steps, a fresh run).
+# Math-v0's python tool runs in a bubblewrap sandbox: install bubblewrap when it is missing.
 demo: $(STAMP)
+	sandboxes/setup.sh --bwrap-only
 	rm -rf runs/demo
 	$(BIN)/agentrl train examples/math_grpo_cpu.yaml trainer.output_dir=runs/demo
 
+# sandboxes/setup.sh (idempotent, ~0.3 s once done) installs and starts what the sandbox tests need:
+# bubblewrap, Podman and its Docker-compatible API, the sandbox image. DOCKER_HOST, when set, names
+# another engine (a Docker Engine) for the container tests instead.
+test: export DOCKER_HOST ?= unix:///run/podman/podman.sock
 test: $(STAMP) lint
+	sandboxes/setup.sh
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

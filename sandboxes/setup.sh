@@ -1,85 +1,129 @@
-#!/bin/bash
-# DRAFT for issue 5 (sandboxes): tried by hand on a CI-like machine, not yet called by any
-# project script or test. See sandboxes/FINDINGS.md.
+#!/usr/bin/env bash
+# Install and start what the sandbox backends need, on Debian 12; idempotent (about 1 s when all is there).
 #
-# Idempotently install and configure rootful Podman as a Docker-compatible
-# sandbox backend on a Debian 12 host WITHOUT Docker Engine and WITHOUT access
-# to a container registry, build a local Python base image with debootstrap,
-# and start the Docker-compatible API socket.
+#   sudo sandboxes/setup.sh [python|swe|all]   bubblewrap, rootful Podman and its Docker-compatible API
+#                                              socket, then `sandboxes/build.sh` with that argument
+#   sandboxes/setup.sh --bwrap-only            bubblewrap only
 #
-# Tested on: Debian 12 Firecracker VM, kernel 6.18, cgroup v1 (hybrid), root
-# without CAP_SYS_RESOURCE, podman 4.3.1 / runc 1.1.5 / conmon 2.1.6.
+# 1. Installs the Debian packages that are missing: podman runc bubblewrap debootstrap uidmap
+#    slirp4netns fuse-overlayfs curl (bubblewrap alone with --bwrap-only).
+# 2. Writes /etc/containers/containers.conf and storage.conf (runc, cgroupfs, rlimits that fit the
+#    host; see sandboxes/README.md for why) and restarts the API service it started when they change.
+# 3. Starts `podman system service --time=0 unix:///run/podman/podman.sock` when it does not answer.
+# 4. Builds the images that are missing or out of date (sandboxes/build.sh).
+# It prints `DOCKER_HOST=unix:///run/podman/podman.sock` last.
 #
-# Usage:   sudo sandboxes/setup_podman.sh
-# Env:     PODMAN_SOCK   socket path            (default /run/podman/podman.sock)
-#          SANDBOX_IMAGE image to build          (default localhost/agentrl-python:latest)
-#          DEBIAN_MIRROR debootstrap mirror      (default: first URI in /etc/apt/sources.list*)
-#          BUILD_IMAGE=0 skip the image build
-# Then:    export DOCKER_HOST=unix:///run/podman/podman.sock
-#          python -c 'import docker; docker.from_env().ping()'
+# When DOCKER_HOST names another engine (a Docker Engine), steps 1-3 install bubblewrap only, and the
+# images are built with the docker CLI against that engine. Run as a user other than root, it only
+# checks, and fails with what is missing. PODMAN_SOCK moves the socket (and the service's pid file).
 set -euo pipefail
 
+here=$(cd "$(dirname "$0")" && pwd)
 SOCK=${PODMAN_SOCK:-/run/podman/podman.sock}
-IMAGE=${SANDBOX_IMAGE:-localhost/agentrl-python:latest}
-BUILD_IMAGE=${BUILD_IMAGE:-1}
-SUITE=${DEBIAN_SUITE:-bookworm}
-LOG=${PODMAN_SERVICE_LOG:-/var/log/podman-service.log}
 PIDFILE=$(dirname "$SOCK")/podman-service.pid
-PKGS=(podman runc uidmap slirp4netns fuse-overlayfs debootstrap bubblewrap curl)
+SERVICE_LOG=/var/log/podman-service.log
+MARKER="# Managed by sandboxes/setup.sh"
 
-log() { printf '[setup-podman] %s\n' "$*" >&2; }
-[ "$(id -u)" = 0 ] || { log "must run as root"; exit 1; }
-
-# ---------------------------------------------------------------- packages
-missing=()
-for p in "${PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q "${missing[@]}"
-else
-  log "packages already installed"
-fi
-
-# ---------------------------------------------------------------- config
-changed=0
-install_if_changed() {  # $1 = target path; new content on stdin
-  local tmp; tmp=$(mktemp)
-  cat >"$tmp"
-  if [ -f "$1" ] && cmp -s "$tmp" "$1"; then rm -f "$tmp"; return 0; fi
-  [ -f "$1" ] && cp -a "$1" "$1.bak.$(date +%s)"
-  install -m 0644 "$tmp" "$1"; rm -f "$tmp"
-  log "wrote $1"; changed=1
+log() { printf '[sandboxes] %s\n' "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
 }
 
-# rlimits: runc sets every rlimit in the spec. Podman's built-in defaults are
-# nofile=1048576 and nproc=4194304; raising a hard limit needs CAP_SYS_RESOURCE,
-# which some VMs/containers do not grant to root. Without it every container
-# fails with "error setting rlimit type 7 (or 6): operation not permitted".
-ulimits_block=""
-if ! prlimit --nofile=1048576:1048576 true 2>/dev/null; then
-  hn=$(ulimit -Hn); hu=$(ulimit -Hu); pm=$(cat /proc/sys/kernel/pid_max)
-  [ "$hn" = unlimited ] && hn=1048576
-  [ "$hu" = unlimited ] && hu=$pm
-  nproc=$(( hu < pm ? hu : pm ))
-  # podman itself clamps its own RLIMIT_NPROC (observed: 32768 == pid_max here)
-  [ "$nproc" -gt 32768 ] && nproc=32768
-  log "no CAP_SYS_RESOURCE: default_ulimits nofile=$hn nproc=$nproc"
-  ulimits_block="default_ulimits = [
-  \"nofile=$hn:$hn\",
-  \"nproc=$nproc:$nproc\",
-]"
+mode=podman
+build_args=()
+for arg in "$@"; do
+  case $arg in
+    --bwrap-only) mode=bwrap ;;
+    python | swe | all | --force) build_args+=("$arg") ;;
+    *) die "unknown argument '$arg' (usage: sandboxes/setup.sh [python|swe|all] [--force] | --bwrap-only)" ;;
+  esac
+done
+if [ "$mode" = podman ] && [ -n "${DOCKER_HOST:-}" ] && [ "$DOCKER_HOST" != "unix://$SOCK" ]; then
+  mode=engine
+  log "DOCKER_HOST=$DOCKER_HOST: using that engine, not installing Podman"
 fi
 
-mkdir -p /etc/containers
-install_if_changed /etc/containers/containers.conf <<EOF
-# Managed by issue5_setup_podman.sh
+root=0
+[ "$(id -u)" = 0 ] && root=1
+missing=() # what a non-root run found missing
+if [ "$root" = 1 ]; then
+  mkdir -p /run/lock
+  exec 8>/run/lock/agentrl-sandboxes-setup.lock
+  flock -n 8 || {
+    log "waiting for another sandboxes/setup.sh"
+    flock 8
+  }
+fi
+
+# ---------------------------------------------------------------- 1. packages
+packages=(bubblewrap)
+[ "$mode" = podman ] && packages+=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs curl)
+command -v dpkg-query >/dev/null || die "no dpkg: install ${packages[*]} by hand"
+mapfile -t absent < <(comm -23 <(printf '%s\n' "${packages[@]}" | sort) \
+  <(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${packages[@]}" 2>/dev/null | awk '$1 == "ii" { print $2 }' | sort))
+if [ "${#absent[@]}" -gt 0 ]; then
+  if [ "$root" = 1 ]; then
+    log "installing ${absent[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >&2
+    apt-get install -y -q "${absent[@]}" >&2
+  else
+    missing+=("packages: ${absent[*]}")
+  fi
+else
+  log "packages present: ${packages[*]}"
+fi
+if command -v bwrap >/dev/null; then
+  error=$(bwrap --ro-bind / / --unshare-all --die-with-parent true 2>&1) ||
+    die "bubblewrap is installed but cannot create its namespaces here: $error"
+fi
+if [ "$mode" = bwrap ] && [ "${#missing[@]}" = 0 ]; then
+  exit 0
+fi
+
+# ---------------------------------------------------------------- 2. Podman configuration
+changed=0
+install_config() { # $1: path; content on stdin. Comment-only differences do not count as a change.
+  local new
+  new=$(cat)
+  if [ -f "$1" ] && [ "$new" = "$(cat "$1")" ]; then
+    return
+  fi
+  if [ "$root" = 0 ]; then
+    missing+=("$1 (Podman's configuration)")
+    return
+  fi
+  if [ ! -f "$1" ] || [ "$(grep -v '^#' <<<"$new")" != "$(grep -v '^#' "$1")" ]; then
+    changed=1
+  fi
+  [ -f "$1" ] && cp -a "$1" "$1.bak.$(date +%s)"
+  mkdir -p "$(dirname "$1")"
+  printf '%s\n' "$new" >"$1"
+  log "wrote $1"
+}
+
+if [ "$mode" = podman ]; then
+  # runc applies every rlimit of the container's spec. Podman's defaults (nofile=1048576,
+  # nproc=4194304) exceed the host's hard limits on some VMs, and without CAP_SYS_RESOURCE root
+  # cannot raise them, so every container fails ("error setting rlimit type 7"). Clamp them.
+  ulimits=""
+  if ! prlimit --nofile=1048576:1048576 true 2>/dev/null; then
+    nofile=$(ulimit -Hn)
+    [ "$nofile" = unlimited ] && nofile=1048576
+    nproc=$(cat /proc/sys/kernel/pid_max)
+    # Podman's own RLIMIT_NPROC ends up at most pid_max, and 32768 where pid_max is larger.
+    [ "$nproc" -gt 32768 ] && nproc=32768
+    ulimits="default_ulimits = [
+  \"nofile=$nofile:$nofile\",
+  \"nproc=$nproc:$nproc\",
+]"
+  fi
+  install_config /etc/containers/containers.conf <<EOF
+$MARKER
 [containers]
 log_driver = "k8s-file"
-$ulimits_block
+$ulimits
 
 [engine]
 runtime = "runc"
@@ -87,88 +131,75 @@ cgroup_manager = "cgroupfs"
 events_logger = "file"
 EOF
 
-# storage driver: overlay if the kernel lets us mount overlayfs on the graph
-# root (fails e.g. when / itself is overlayfs inside a container), else vfs.
-graphroot=/var/lib/containers/storage
-driver=""
-if [ -f /etc/containers/storage.conf ]; then
-  driver=$(sed -n 's/^driver *= *"\(.*\)"/\1/p' /etc/containers/storage.conf | head -1)
-fi
-if [ -z "$driver" ]; then
-  mkdir -p "$graphroot"
-  t=$(mktemp -d "$graphroot/.ovltest.XXXX")
-  mkdir -p "$t"/{l,u,w,m}
-  if mount -t overlay overlay -o "lowerdir=$t/l,upperdir=$t/u,workdir=$t/w" "$t/m" 2>/dev/null; then
-    umount "$t/m"; driver=overlay
-  else
+  # overlay when the kernel mounts it on the graph root (not when / is itself an overlay), else vfs.
+  graphroot=/var/lib/containers/storage
+  driver=$(sed -n 's/^driver *= *"\(.*\)"/\1/p' /etc/containers/storage.conf 2>/dev/null | head -1)
+  if [ -z "$driver" ] && [ "$root" = 1 ]; then
+    mkdir -p "$graphroot"
+    probe=$(mktemp -d "$graphroot/.overlay-probe.XXXXXX")
+    mkdir -p "$probe"/{lower,upper,work,merged}
     driver=vfs
+    if mount -t overlay overlay -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" "$probe/merged" 2>/dev/null; then
+      umount "$probe/merged"
+      driver=overlay
+    fi
+    rm -rf "$probe"
   fi
-  rm -rf "$t"
-  log "storage driver: $driver"
-fi
-install_if_changed /etc/containers/storage.conf <<EOF
-# Managed by issue5_setup_podman.sh
+  install_config /etc/containers/storage.conf <<EOF
+$MARKER
 [storage]
-driver = "$driver"
+driver = "${driver:-overlay}"
 runroot = "/run/containers/storage"
 graphroot = "$graphroot"
 EOF
 
-podman info --format '{{.Store.GraphDriverName}} cgroups={{.Host.CgroupsVersion}} runtime={{.Host.OCIRuntime.Name}}' >&2
-
-# ---------------------------------------------------------------- base image
-if [ "$BUILD_IMAGE" = 1 ] && ! podman image exists "$IMAGE"; then
-  mirror=${DEBIAN_MIRROR:-$(grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
-            | awk '{print $2}' | head -1 || true)}
-  mirror=${mirror:-http://deb.debian.org/debian}
-  rootfs=$(mktemp -d /var/tmp/agentrl-rootfs.XXXX)
-  trap 'rm -rf "$rootfs"' EXIT
-  log "debootstrap $SUITE from $mirror (takes ~1-2 min)"
-  debootstrap --variant=minbase --include=python3 "$SUITE" "$rootfs" "$mirror" >/var/log/agentrl-debootstrap.log 2>&1 \
-    || { log "debootstrap failed, see /var/log/agentrl-debootstrap.log"; exit 1; }
-  mkdir -p "$rootfs/work"
-  tar -C "$rootfs" \
-      --exclude='./var/cache/apt/archives/*.deb' --exclude='./var/lib/apt/lists/*' \
-      --exclude='./usr/share/doc/*' --exclude='./usr/share/man/*' \
-      --exclude='./usr/share/locale/*' --exclude='./usr/share/info/*' -c . \
-    | podman import --change 'CMD ["/usr/bin/python3"]' --change 'WORKDIR /work' - "$IMAGE" >/dev/null
-  rm -rf "$rootfs"; trap - EXIT
-  log "imported $IMAGE"
-fi
-if podman image exists "$IMAGE"; then
-  podman run --rm --network none --read-only --user 65534:65534 --memory 64m --pids-limit 16 \
-    "$IMAGE" python3 -c 'print("sandbox smoke test ok")' >&2
-fi
-
-# ---------------------------------------------------------------- API service
-ping() { curl -sf --max-time 3 --unix-socket "$SOCK" http://d/_ping >/dev/null 2>&1; }
-stop_service() {
-  if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-    kill "$(cat "$PIDFILE")"
-    for _ in $(seq 50); do kill -0 "$(cat "$PIDFILE")" 2>/dev/null || break; sleep 0.1; done
+  # -------------------------------------------------------------- 3. the API service
+  answers() { curl -sf --max-time 3 --unix-socket "$SOCK" http://d/_ping >/dev/null 2>&1; }
+  if [ "$changed" = 1 ] && answers; then
+    if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+      log "configuration changed: restarting the podman service"
+      kill "$(cat "$PIDFILE")"
+      for _ in $(seq 50); do
+        kill -0 "$(cat "$PIDFILE")" 2>/dev/null || break
+        sleep 0.1
+      done
+      rm -f "$PIDFILE"
+    else
+      log "warning: configuration changed, but this script did not start the running podman service: restart it"
+    fi
   fi
-  rm -f "$PIDFILE"
-}
-if [ "$changed" = 1 ] && ping; then
-  if [ -f "$PIDFILE" ]; then
-    log "config changed: restarting podman service"
-    stop_service
+  if answers; then
+    log "podman service answers on $SOCK"
+  elif [ "$root" = 0 ] && [ -S "$SOCK" ]; then
+    missing+=("access to $SOCK for uid $(id -u): the socket is root's, so run the tests as root")
+  elif [ "$root" = 0 ]; then
+    missing+=("the podman service on $SOCK")
   else
-    log "WARNING: config changed but the running service was not started by this script; restart it by hand"
+    mkdir -p "$(dirname "$SOCK")"
+    rm -f "$SOCK"
+    # No systemd here: run it detached from this shell (and without our lock); --time=0 keeps it up.
+    setsid nohup podman system service --time=0 "unix://$SOCK" >>"$SERVICE_LOG" 2>&1 </dev/null 8>&- &
+    echo $! >"$PIDFILE"
+    for _ in $(seq 50); do
+      answers && break
+      sleep 0.2
+    done
+    answers || die "the podman service did not answer on $SOCK: see $SERVICE_LOG"
+    log "podman service started (pid $(cat "$PIDFILE"), log $SERVICE_LOG)"
   fi
 fi
-if ! ping; then
-  mkdir -p "$(dirname "$SOCK")"
-  rm -f "$SOCK"
-  # no systemd here: run detached; --time=0 = never exit on idle
-  setsid nohup podman system service --time=0 "unix://$SOCK" >>"$LOG" 2>&1 </dev/null &
-  echo $! >"$PIDFILE"
-  for _ in $(seq 50); do ping && break; sleep 0.2; done
-  ping || { log "podman service did not come up; see $LOG"; exit 1; }
-  log "podman service started (pid $(cat "$PIDFILE"), log $LOG)"
-else
-  log "podman service already answering on $SOCK"
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  for item in "${missing[@]}"; do log "missing: $item"; done
+  [ "$mode" = bwrap ] && die "run \`sudo sandboxes/setup.sh --bwrap-only\`"
+  die "run \`sudo sandboxes/setup.sh\`"
 fi
-curl -s --unix-socket "$SOCK" http://d/v1.41/version | python3 -c \
-  'import json,sys; v=json.load(sys.stdin); print("API", v["ApiVersion"], "podman", v["Version"])' >&2
-echo "DOCKER_HOST=unix://$SOCK"
+
+# ---------------------------------------------------------------- 4. images
+if [ "$mode" = engine ]; then
+  CONTAINER_CLI=${CONTAINER_CLI:-docker} "$here/build.sh" "${build_args[@]}"
+  echo "DOCKER_HOST=$DOCKER_HOST"
+else
+  "$here/build.sh" "${build_args[@]}"
+  echo "DOCKER_HOST=unix://$SOCK"
+fi

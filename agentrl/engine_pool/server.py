@@ -121,6 +121,14 @@ class EngineServer:
             return web.Response(status=503)
         if self._paused:  # a probe would wait for continue_generation; the engine is alive
             return web.Response(status=200)
+        if self._inflight:  # as SGLang: any token produced within the timeout proves liveness
+            start = self.engine.stats.tokens_generated
+            deadline = asyncio.get_running_loop().time() + _HEALTH_TIMEOUT_S
+            while asyncio.get_running_loop().time() < deadline:
+                if self.engine.stats.tokens_generated > start or not self._inflight:
+                    return web.Response(status=200)
+                await asyncio.sleep(0.02)
+            return web.Response(status=503)
         probe = SamplingParams(temperature=0.0, max_new_tokens=1)
         try:
             await asyncio.wait_for(
