@@ -24,6 +24,7 @@ On EOF on stdin every child process group is killed and the agent exits.
 
 import base64
 import contextlib
+import ctypes
 import json
 import os
 import resource
@@ -36,6 +37,7 @@ import threading
 import time
 
 WORKDIR = os.getcwd()
+_PR_SET_DUMPABLE = 4
 _write_lock = threading.Lock()
 _python_lock = threading.Lock()
 _children = set()  # pids of live process-group leaders
@@ -303,6 +305,10 @@ def _handle(request):
 
 
 def main():
+    # Not dumpable: code in the box runs as the same uid, but can then neither read this
+    # process's memory through /proc nor ptrace it (programs it starts are dumpable again: exec
+    # resets the flag). The grader relies on this to keep its nonce secret.
+    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0)
     if len(sys.argv) > 1:
         max_file_bytes = int(sys.argv[1])
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
