@@ -51,6 +51,7 @@ _CPU_PERIOD_US = 100_000
 _STDERR_TAIL = 4096
 _READ_LIMIT = 64 << 20  # the longest reply line the agent may send
 _names = itertools.count()
+_sweeps = itertools.count()  # the first sandbox of a process sweeps groups left by dead ones
 
 
 class BubblewrapSandbox(Sandbox):
@@ -188,6 +189,8 @@ def _make_cgroups(limits: SandboxLimits) -> list[Path]:
     roots = [_CGROUP_ROOT / controller for controller in _CGROUP_CONTROLLERS]
     if os.geteuid() != 0 or not all((root / "tasks").exists() for root in roots):
         return []
+    if next(_sweeps) == 0:
+        _remove_stale_cgroups(roots)
     name = f"sandbox-{os.getpid()}-{next(_names)}"
     groups = [root / _CGROUP_PARENT / name for root in roots]
     memory, pids, cpu = groups
@@ -210,6 +213,16 @@ def _make_cgroups(limits: SandboxLimits) -> list[Path]:
             f"cannot set up the sandbox's cgroups under {_CGROUP_ROOT}: {exc}"
         ) from exc
     return groups
+
+
+def _remove_stale_cgroups(roots: list[Path]) -> None:
+    """Remove empty groups whose owning process is gone (a run that was killed, not closed)."""
+    for root in roots:
+        for group in (root / _CGROUP_PARENT).glob("sandbox-*-*"):
+            pid = group.name.split("-")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                with contextlib.suppress(OSError):  # still holds processes: leave it
+                    group.rmdir()
 
 
 def _oom_killed(memory_group: Path) -> bool:
