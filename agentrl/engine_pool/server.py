@@ -17,6 +17,8 @@ either, and CPU users can run engines in separate processes. Routes:
 ``POST /update_weights_from_disk``         ``{"model_path", "weight_version"}``: a safetensors dir
 ``POST /update_weights_from_tensor``       ``{"serialized_named_tensors": [b64], "weight_version"}``
 ``POST /update_weight_version``            ``{"new_version"}``
+``POST /init_weights_update_group``        join a gloo (CPU) or nccl group as ``rank_offset``
+``POST /update_weights_from_distributed``  ``{"names", "dtypes", "shapes"}``: receive broadcasts
 ========================================  ========================================================
 
 Differences from SGLang, by design: prompts are token ids only (no ``text``, no batches, ``n`` = 1);
@@ -51,6 +53,7 @@ from agentrl.engine_pool.sglang_api import (
     parse_generate_request,
     parse_version,
 )
+from agentrl.engine_pool.weight_group import DEFAULT_GROUP, join_group, receive
 
 _HEALTH_TIMEOUT_S = 20.0
 
@@ -63,6 +66,7 @@ class EngineServer:
         self.model_path = model_path
         self._inflight: set[str] = set()
         self._paused = False
+        self._groups: dict[str, Any] = {}  # weight-update process groups by name
         self.app = web.Application(client_max_size=1 << 31)
         get, post = web.get, web.post
         self.app.add_routes(
@@ -83,6 +87,8 @@ class EngineServer:
                 post("/update_weights_from_disk", self.update_weights_from_disk),
                 post("/update_weights_from_tensor", self.update_weights_from_tensor),
                 post("/update_weight_version", self.update_weight_version),
+                post("/init_weights_update_group", self.init_weights_update_group),
+                post("/update_weights_from_distributed", self.update_weights_from_distributed),
             ]
         )
 
@@ -245,6 +251,44 @@ class EngineServer:
                 "new_version": str(version),
             }
         )
+
+    async def init_weights_update_group(self, request: web.Request) -> web.Response:
+        body = await _json(request, default={})
+        try:
+            name = str(body.get("group_name", DEFAULT_GROUP))
+            group = await asyncio.to_thread(
+                join_group,
+                str(body["master_address"]),
+                int(body["master_port"]),
+                int(body["rank_offset"]),  # one rank per server: no tensor parallelism here
+                int(body["world_size"]),
+                group_name=name,
+                backend=str(body.get("backend", "gloo")),
+            )
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            return _update_failed(exc)
+        self._groups[name] = group
+        return web.json_response(
+            {"success": True, "message": "Succeeded to initialize custom process group."}
+        )
+
+    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
+        body = await _json(request, default={})
+        try:
+            version = self._next_version(body)
+            name = str(body.get("group_name", DEFAULT_GROUP))
+            if name not in self._groups:
+                raise ValueError(
+                    f"no weight-update group {name!r}: call /init_weights_update_group"
+                )
+            tensors = await asyncio.to_thread(
+                receive, self._groups[name], body["names"], body["dtypes"], body["shapes"]
+            )
+            await self.engine.update_weights(tensors, version)
+        except (KeyError, TypeError, ValueError, RuntimeError, ProtocolError) as exc:
+            return _update_failed(exc)
+        message = f"Succeeded to update model weights. Weight version updated to {version}."
+        return web.json_response({"success": True, "message": message})
 
     def _next_version(self, body: Any) -> int:
         if not isinstance(body, dict):

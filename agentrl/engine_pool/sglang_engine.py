@@ -159,6 +159,50 @@ class SGLangEngine:
         body = {"model_path": str(model_path), "weight_version": str(version)}
         await self._update("/update_weights_from_disk", body, version)
 
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        *,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> None:
+        """Have the server join a weight-update process group (it blocks until all ranks join);
+        the trainer's side is :class:`~agentrl.engine_pool.weight_group.WeightUpdateGroup`."""
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        answer = await self._post("/init_weights_update_group", body)
+        if not isinstance(answer, dict) or not answer.get("success"):
+            raise EngineError(f"{self.url}/init_weights_update_group: {error_message(answer)}")
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        *,
+        group_name: str = "weight_update_group",
+    ) -> None:
+        """Have the server receive one broadcast per name from rank 0 of the group, then set
+        ``version``; rank 0 must broadcast the tensors while this call is in flight."""
+        body = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "weight_version": str(version),
+        }
+        await self._update("/update_weights_from_distributed", body, version)
+
     async def pause(self) -> None:
         """Hold running requests in place (``mode: in_place``) until :meth:`resume`."""
         await self._post("/pause_generation", {"mode": "in_place"})

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from agentrl.engine_pool.engine import EngineError, SamplingParams
 from agentrl.engine_pool.sglang_engine import SGLangEngine, serve_command
+from agentrl.engine_pool.weight_group import WeightUpdateGroup
 
 pytestmark = pytest.mark.slow
 
@@ -132,6 +133,24 @@ async def test_weight_updates_by_tensor_and_by_disk_set_versions(
     with pytest.raises(EngineError, match=r"no \.safetensors weights"):
         await server.update_weights_from_disk(model_dir / "missing", version=5)
     assert server.weight_version == 4
+
+
+async def test_weight_updates_by_broadcast_in_a_process_group(server, smollm2, chat_prompt):
+    name = "model.norm.weight"
+    original = smollm2.state_dict()[name].clone()
+    before = await server.generate(chat_prompt, SAMPLED)
+    group = await WeightUpdateGroup.create([server], "127.0.0.1", free_port(), backend="gloo")
+    await group.push([(name, original * 0.5), ("lm_head.weight", smollm2.lm_head.weight)], 6)
+    changed = await server.generate(chat_prompt, SAMPLED)
+    assert server.weight_version == 6 and changed.token_weight_versions == [6] * 12
+    assert changed.logprobs != before.logprobs
+    await group.push([(name, original)], 7)
+    restored = await server.generate(chat_prompt, SAMPLED)
+    assert restored.token_ids == before.token_ids and restored.weight_version == 7
+    with pytest.raises(EngineError, match="no weight-update group 'other'"):
+        await server.update_weights_from_distributed(
+            [name], ["float32"], [[576]], 8, group_name="other"
+        )
 
 
 async def test_bad_requests_get_400_with_sglang_error_bodies(server):
