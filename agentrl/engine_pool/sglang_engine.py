@@ -222,7 +222,8 @@ class SGLangEngine:
         await self._post("/flush_cache", {}, expect_json=False)
 
     async def model_info(self) -> dict[str, Any]:
-        return await self._get("/model_info")
+        # /get_model_info: present in every SGLang release (an alias of /model_info since 0.5.x)
+        return await self._get("/get_model_info")
 
     async def server_info(self) -> dict[str, Any]:
         return await self._get("/server_info")

@@ -80,7 +80,7 @@ async def test_a_hung_engine_is_timed_out_and_its_requests_rerouted(model_dir, t
     hang = asyncio.Event()
 
     async def hanging(request):
-        if request.path == "/model_info":
+        if request.path == "/get_model_info":
             return web.json_response({"weight_version": "0"})
         await hang.wait()  # never answers: not /generate, not /health_generate
         return web.Response(status=500)
@@ -175,7 +175,7 @@ async def test_sticky_sessions_stay_on_one_engine(model_dir, tmp_path):  # noqa:
 
 async def test_a_pool_with_no_engine_left_raises():
     async def refuse(request):
-        if request.path == "/model_info":
+        if request.path == "/get_model_info":
             return web.json_response({"weight_version": "0"})
         return web.json_response({"error": {"message": "overloaded"}}, status=503)
 

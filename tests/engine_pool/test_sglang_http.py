@@ -219,7 +219,7 @@ async def fake_sglang(handler) -> tuple[web.AppRunner, str]:
 )
 async def test_malformed_responses_and_http_errors_are_engine_errors(reply, message):
     async def handler(request):
-        if request.path == "/model_info":
+        if request.path == "/get_model_info":
             return web.json_response({"weight_version": "default"})
         return reply()
 
@@ -234,7 +234,7 @@ async def test_malformed_responses_and_http_errors_are_engine_errors(reply, mess
 
 async def test_hung_and_dead_servers_are_engine_errors():
     async def handler(request):
-        if request.path == "/model_info":
+        if request.path == "/get_model_info":
             return web.json_response({"weight_version": "7"})
         await asyncio.sleep(60)
 
