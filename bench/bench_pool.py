@@ -29,6 +29,7 @@ from pathlib import Path
 from agentrl.engine_pool import EnginePool, LocalEngine, SamplingParams, SGLangEngine
 from agentrl.engine_pool.sglang_engine import serve_command
 from agentrl.models import load_model, load_tokenizer
+from agentrl.trainer.checkpoint import export_hf
 
 
 class RandomRoutingPool(EnginePool):
@@ -91,8 +92,7 @@ async def main(args: argparse.Namespace) -> None:
     if Path(args.model).is_dir():
         model_dir = Path(args.model)
     else:  # a Hugging Face directory loads in seconds in each server process
-        load_model(args.model).save_pretrained(model_dir)
-        load_tokenizer(args.model).save_pretrained(model_dir)
+        export_hf(load_model(args.model), load_tokenizer(args.model), model_dir)
     ports = [free_port(), free_port()]
     servers = await asyncio.gather(
         *(

@@ -12,6 +12,8 @@ What a :class:`ContainerSandbox` covers (each point has an adversarial test):
 * **Filesystem**: a read-only root; ``/work`` and ``/tmp`` are tmpfs mounts of ``limits.disk_mb``
   each that die with the container, so no episode sees another's files.
 * **User**: uid/gid 65534, every capability dropped, ``no-new-privileges``.
+* **Processes**: the engine's init (``init=True``: catatonit under Podman, tini under Docker) is
+  pid 1 and reaps orphans, so a fork bomb's zombies do not keep the pids limit exhausted.
 * **Limits**: memory (swap included) and process count from the container's cgroup, CPU quota
   from ``nano_cpus``, ``RLIMIT_FSIZE`` on each file. Over the memory limit the kernel's OOM killer
   acts inside the container (the caller sees exit 137 for the killed command).
@@ -149,6 +151,7 @@ def _create(client: Any, image: str, limits: SandboxLimits) -> Any:
             image,
             agent_command(limits),
             stdin_open=True,
+            init=True,  # an init reaps orphans: zombies would otherwise hold the pids limit
             working_dir=Sandbox.workdir,
             user=_USER,
             network_mode="bridge" if limits.network else "none",

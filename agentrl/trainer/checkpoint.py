@@ -257,7 +257,9 @@ def export_hf(
 ) -> Path:
     """Collective. Write the current weights as a Hugging Face model directory; returns ``out_dir``.
 
-    Every rank takes part in gathering the full weights; rank 0 writes ``config.json`` (with the
+    Without an initialized process group (one process, an unsharded model, e.g. a model loaded
+    from the GGUF that ``save_pretrained`` refuses to write) the weights are written directly.
+    Otherwise every rank takes part in gathering the full weights; rank 0 writes ``config.json`` (with the
     original architecture name and ``dtype``), ``generation_config.json``, safetensors and, unless
     ``tokenizer`` is ``None``, the tokenizer files with its chat template. Floating-point weights
     are cast to ``dtype`` if given. Tied weights are written once, under the first name
@@ -266,8 +268,11 @@ def export_hf(
     model = actor_or_model.model if isinstance(actor_or_model, Actor) else actor_or_model
     out_dir = Path(out_dir)
     use_device(next(model.parameters()).device)
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full = get_model_state_dict(model, options=options)  # rank 0 only; {} on the others
+    if dist.is_initialized():
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(model, options=options)  # rank 0 only; {} on the others
+    else:
+        full = model.state_dict()
 
     def write() -> None:
         aliases = tied_aliases(model)
@@ -283,7 +288,10 @@ def export_hf(
         if tokenizer is not None:
             tokenizer.save_pretrained(out_dir)
 
-    run_on_rank0(write)
+    if dist.is_initialized():
+        run_on_rank0(write)
+    else:
+        write()
     return out_dir
 
 

@@ -19,6 +19,7 @@ from aiohttp import web
 from agentrl.engine_pool.engine import EngineError, SamplingParams
 from agentrl.engine_pool.sglang_engine import SGLangEngine, serve_command
 from agentrl.engine_pool.weight_group import WeightUpdateGroup
+from agentrl.trainer.checkpoint import export_hf
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +36,7 @@ def free_port() -> int:
 def model_dir(smollm2, tokenizer, tmp_path_factory):
     """SmolLM2 saved as a Hugging Face directory: a server process loads it in a few seconds."""
     path = tmp_path_factory.mktemp("smollm2-hf")
-    smollm2.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    export_hf(smollm2, tokenizer, path)  # save_pretrained refuses a model loaded from the GGUF
     return path
 
 

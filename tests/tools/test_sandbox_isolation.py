@@ -83,6 +83,9 @@ async def test_fork_bomb_is_contained_by_the_pids_limit(sandbox):
     assert "Resource temporarily unavailable" in result.stderr or result.timed_out
     after = await sandbox.run_python("print('alive')")  # the box recovers
     assert after.stdout == "alive\n"
+    # and no zombies hold the pids limit: an init in the box reaps the bomb's orphans
+    count = "import os, time; time.sleep(1); print(sum(p.isdigit() for p in os.listdir('/proc')))"
+    assert int((await sandbox.run_python(count)).stdout) < 10
 
 
 async def test_memory_bomb_is_killed_and_the_host_is_not(sandbox):
