@@ -12,7 +12,9 @@ completions of at most ``max_new_tokens`` tokens at temperature 1, grade them wi
 verifier, take group-normalised advantages, and take one token-mean PPO-clip step (no KL, no
 reference model, lr 1e-6, clip to norm 1.0, AdamW). A step is timed end to end on both sides:
 
-* **agentrl**: :meth:`agentrl.trainer.loop.Trainer.step` in synchronous mode
+* **agentrl**: :meth:`agentrl.trainer.loop.Trainer.step` in synchronous mode, its engine in
+  ``--engine-dtype`` (``float32`` by default, as TRL generates with the trained model itself;
+  ``bfloat16`` is agentrl's separate-engine option, with the mismatch printed)
   (``stream.max_staleness=0``): waiting for the step's rollouts (which start when the previous
   step's weights reach the engine), building the batch, the packed FSDP2 forward + backward and
   optimizer step, and pushing the new weights into the embedded engine. Each group ``g`` is the
@@ -61,6 +63,7 @@ def agentrl_config(args: argparse.Namespace, output_dir: Path) -> TrainConfig:
         "rollout.max_new_tokens": args.max_new_tokens,
         "rollout.max_total_tokens": 512,
         "rollout.engine_batch_size": args.groups * args.group_size,
+        "rollout.engine_dtype": args.engine_dtype,
         "algorithm.advantage": "grpo",
         "algorithm.loss": "ppo",
         "algorithm.clip_low": 0.2,
@@ -116,6 +119,7 @@ async def compare(args: argparse.Namespace) -> None:
     prompts, answers = await first_step_prompts(args.groups)
     ours: list[float] = []
     theirs: list[float] = []
+    mismatch: list[float] = []
     with tempfile.TemporaryDirectory() as output_dir:
         config = agentrl_config(args, Path(output_dir))
         async with Trainer(config, show_progress=False) as trainer:
@@ -125,11 +129,13 @@ async def compare(args: argparse.Namespace) -> None:
                     record = await trainer.step()
                     assert record is not None
                     times.append(record["time/step_s"])
+                    mismatch.append(record["mismatch/mean_abs"])
                     print(
                         f"block {block} agentrl step {trainer.actor.step}: "
                         f"{record['time/step_s']:.2f} s (rollouts {record['time/wait_rollouts_s']:.2f}"
                         f", train {record['time/train_s']:.2f}, sync {record['time/sync_s']:.2f}), "
-                        f"reward {record['reward/mean']:.3f}",
+                        f"reward {record['reward/mean']:.3f}, "
+                        f"mismatch {record['mismatch/mean_abs']:.2e}",
                         flush=True,
                     )
                 ours.extend(times[1:])
@@ -146,7 +152,11 @@ async def compare(args: argparse.Namespace) -> None:
         f"{torch.get_num_threads()} torch threads, {len(ours)} counted steps a side"
     )
     print(f"TRL GRPOTrainer: median {theirs_s:.2f} s/step (min {min(theirs):.2f})")
-    print(f"agentrl Trainer: median {ours_s:.2f} s/step (min {min(ours):.2f})")
+    print(
+        f"agentrl Trainer (engine {args.engine_dtype}, trainer float32): median {ours_s:.2f} s/step "
+        f"(min {min(ours):.2f}); train/inference mismatch, mean |Δ log p|: "
+        f"median {statistics.median(mismatch):.2e}"
+    )
     print(f"ratio TRL / agentrl: {theirs_s / ours_s:.2f}x (>1: agentrl faster)")
 
 
@@ -165,6 +175,12 @@ def main() -> None:
         help="agentrl's packing budget (on the CPU, sdpa's packed attention costs T^2: keep it small)",
     )
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument(
+        "--engine-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="agentrl's rollout engine weights (rollout.engine_dtype); the trainer stays float32",
+    )
     args = parser.parse_args()
     if args.steps_per_block < 2:
         parser.error("--steps-per-block must be at least 2 (the first of each block is a warm-up)")

@@ -133,7 +133,9 @@ class Trainer:
         reference = None
         if cfg.algorithm.kl_coef > 0:
             reference = copy.deepcopy(model).eval().requires_grad_(False)
-        engine_model = copy.deepcopy(model) if self.is_main else None
+        engine_model = None
+        if self.is_main:  # the engine's own copy, in its own dtype; weight sync casts on load
+            engine_model = copy.deepcopy(model).to(getattr(torch, cfg.rollout.engine_dtype))
         self.actor = Actor(model, cfg.actor, dist_info=self.dist)
         self.objective = Objective(
             cfg.algorithm,

@@ -58,6 +58,10 @@ class RolloutConfig(Config):
     """Episodes in flight at once."""
     engine_batch_size: int = Field(32, ge=1)
     """The embedded engine's batch rows."""
+    engine_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The embedded engine's weights (the trainer keeps float32): bfloat16 decodes about 1.6x
+    faster on CPUs with AVX512-BF16 and on GPUs, at the price of a larger train/inference
+    mismatch (logged; corrected by TIS/MIS)."""
     prefix_cache_tokens: int = Field(8192, ge=0)
     """The embedded engine's prefix cache budget in tokens (0 disables it)."""
 

@@ -82,6 +82,20 @@ async def test_a_run_trains_syncs_and_writes_its_outputs(tiny_policy_dir, tmp_pa
         torch.testing.assert_close(engine_weights[name], value, rtol=0, atol=0)
 
 
+async def test_a_bfloat16_engine_samples_while_the_trainer_keeps_float32(tiny_policy_dir, tmp_path):
+    config = tiny_config(tiny_policy_dir, tmp_path, "rollout.engine_dtype=bfloat16")
+    async with Trainer(config, show_progress=False) as trainer:
+        await trainer.run()
+        engine_weights = dict(trainer.engine.model.named_parameters())
+        trainer_weights = dict(trainer.actor.model.named_parameters())
+    assert {p.dtype for p in engine_weights.values()} == {torch.bfloat16}
+    assert {p.dtype for p in trainer_weights.values()} == {torch.float32}
+    norm = trainer_weights["model.norm.weight"].full_tensor()
+    torch.testing.assert_close(engine_weights["model.norm.weight"], norm.to(torch.bfloat16))
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert rows[0]["mismatch/max_abs"] > 1e-3  # bfloat16 sampling: a mismatch TIS corrects
+
+
 async def test_resume_reproduces_the_next_batch(tiny_policy_dir, tmp_path):
     straight, _ = await train(tiny_config(tiny_policy_dir, tmp_path / "a", "trainer.steps=3"))
     expected = straight.last_batch
