@@ -11,16 +11,22 @@ can retry the request elsewhere.
 
 Each request's SGLang ``rid`` is ``<quoted session id>:<uuid>``; ``abort(session_id)`` aborts by
 the prefix ``<quoted session id>:`` (SGLang matches rids by prefix), which reaches exactly that
-session's requests. Weight updates go by tensor (``update_weights``: the payload format of
-``agentrl serve``; a real SGLang server takes CUDA-IPC handles instead, see
-:mod:`agentrl.engine_pool.server`) or by disk (:meth:`update_weights_from_disk`, a directory both
-sides can read).
+session's requests. Weight updates go by tensor (``update_weights``), by disk
+(:meth:`update_weights_from_disk`, a directory both sides can read) or by broadcast
+(:meth:`update_weights_from_distributed`). The tensor payload has two formats
+(``tensor_format``): ``"agentrl"`` (what ``agentrl serve`` reads: base64 of ``torch.save``, any
+process) and ``"sglang"`` (what an SGLang server reads: base64 of a ``ForkingPickler`` dump, as
+SGLang's ``MultiprocessingSerializer.serialize(..., output_str=True)``, one entry per TP rank; CUDA
+tensors travel as IPC handles, so the sender must be on the same machine and keep them alive until
+the call returns: colocated engines).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -28,7 +34,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
@@ -54,7 +60,13 @@ class SGLangEngine:
         request_timeout: float = 600.0,
         connect_timeout: float = 10.0,
         process: subprocess.Popen[bytes] | None = None,
+        tensor_format: Literal["agentrl", "sglang"] = "agentrl",
+        tp_size: int = 1,
     ) -> None:
+        if tensor_format not in ("agentrl", "sglang"):
+            raise ValueError(f"tensor_format must be 'agentrl' or 'sglang', got {tensor_format!r}")
+        self.tensor_format = tensor_format
+        self.tp_size = tp_size
         self.url = url.rstrip("/")
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
@@ -148,10 +160,17 @@ class SGLangEngine:
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
         """Send the tensors in one ``/update_weights_from_tensor`` call and set ``version``."""
-        from agentrl.engine_pool.server import encode_named_tensors
+        tensors = list(named_tensors)
+        if self.tensor_format == "sglang":
+            payload = await asyncio.to_thread(sglang_tensor_payload, tensors)
+        else:
+            from agentrl.engine_pool.server import encode_named_tensors
 
-        payload = await asyncio.to_thread(encode_named_tensors, list(named_tensors))
-        body = {"serialized_named_tensors": [payload], "weight_version": str(version)}
+            payload = await asyncio.to_thread(encode_named_tensors, tensors)
+        body = {
+            "serialized_named_tensors": [payload] * self.tp_size,
+            "weight_version": str(version),
+        }
         await self._update("/update_weights_from_tensor", body, version)
 
     async def update_weights_from_disk(self, model_path: str | Path, version: int) -> None:
@@ -321,6 +340,22 @@ def sglang_command(
         "--host", host, "--port", str(port), "--tp-size", str(tp_size),
         "--skip-tokenizer-init", *extra,
     ]  # fmt: skip
+
+
+def sglang_tensor_payload(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
+    """SGLang's ``serialized_named_tensors`` entry: base64 of a ``ForkingPickler`` dump.
+
+    The same bytes as SGLang's ``MultiprocessingSerializer.serialize(named_tensors,
+    output_str=True)`` (``python/sglang/srt/utils/common.py``): torch's reductions share tensor
+    storage (CUDA-IPC handles for GPU tensors) rather than copying it.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
+
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(named_tensors)
+    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def _rid_prefix(session_id: str | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import socket
 import subprocess
 import sys
@@ -255,3 +256,40 @@ def test_serve_cli_help():
         [sys.executable, "-m", "agentrl.cli", "serve", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0 and "--max-batch-size" in result.stdout
+
+
+def _decode_like_sglang(payload: str) -> list[tuple[str, list[float]]]:
+    """What an SGLang TP rank does with its entry (MultiprocessingSerializer.deserialize)."""
+    import base64
+    import pickle
+
+    import torch.multiprocessing  # noqa: F401
+
+    return [(name, tensor.tolist()) for name, tensor in pickle.loads(base64.b64decode(payload))]
+
+
+async def test_the_sglang_tensor_format_is_readable_by_another_process():
+    received = {}
+
+    async def sglang(request):
+        if request.path == "/get_model_info":
+            return web.json_response({"weight_version": "default"})
+        received.update(await request.json())
+        return web.json_response({"success": True, "message": "ok"})
+
+    runner, url = await fake_sglang(sglang)
+    tensors = [("a.weight", torch.arange(4.0)), ("b.bias", torch.ones(2))]
+    try:
+        async with SGLangEngine(url, tensor_format="sglang", tp_size=2) as engine:
+            await engine.update_weights(tensors, 3)
+            assert engine.weight_version == 3
+            entries = received["serialized_named_tensors"]
+            assert len(entries) == 2 and received["weight_version"] == "3"
+            context = multiprocessing.get_context("spawn")
+            with context.Pool(1) as pool:  # decoded while the sender keeps the tensors alive
+                decoded = pool.apply(_decode_like_sglang, (entries[1],))
+        assert decoded == [("a.weight", [0.0, 1.0, 2.0, 3.0]), ("b.bias", [1.0, 1.0])]
+    finally:
+        await runner.cleanup()
+    with pytest.raises(ValueError, match="tensor_format"):
+        SGLangEngine(url, tensor_format="pickle")
