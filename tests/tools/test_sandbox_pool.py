@@ -30,7 +30,11 @@ async def test_an_idle_sandbox_that_died_is_replaced_at_hand_out():
             pass
         await asyncio.sleep(0.5)  # the refill is idle in the pool now
         idle = pool._idle._queue[0]
-        os.killpg(idle.pid, signal.SIGKILL)
+        os.killpg(idle.pid, signal.SIGKILL)  # bubblewrap's child follows by PR_SET_PDEATHSIG
+        for _ in range(100):  # until the agent's stream has ended
+            if not idle.alive:
+                break
+            await asyncio.sleep(0.05)
         async with pool.acquire() as box:
             assert box is not idle and (await box.exec("echo ok")).stdout == "ok\n"
         assert pool.stats.crashed == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -135,6 +136,10 @@ def test_resume_drops_steps_after_the_checkpoint(tmp_path) -> None:
     with MetricsLogger(tmp_path) as logger:
         for step in range(5):
             logger.log(step, {"loss": float(step)})
+    # TensorBoard reads event files in name order, and a name is "<unix second>.<host>.<pid>.<n>":
+    # two writers of one process in one second may sort by n as text ("10" < "9"). A real resume
+    # is a later process; here, start the second writer in a later second.
+    time.sleep(1.01 - time.time() % 1)
     with MetricsLogger(tmp_path, resume_from_step=2) as logger:
         assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2]
         with pytest.raises(ValueError, match="last logged step 2"):
