@@ -221,6 +221,10 @@ def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc_per_node", "2", str(WORKER), "--out", str(out), "--steps", str(STEPS)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
+        # Seen once in a CI run: a rank aborted in PyTorch's C++ teardown (no Python traceback),
+        # not reproducible alone; run the job once more rather than fail on that teardown flake.
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     return out
 
