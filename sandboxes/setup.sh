@@ -178,7 +178,9 @@ EOF
     mkdir -p "$(dirname "$SOCK")"
     rm -f "$SOCK"
     # No systemd here: run it detached from this shell (and without our lock); --time=0 keeps it up.
-    setsid nohup podman system service --time=0 "unix://$SOCK" >>"$SERVICE_LOG" 2>&1 </dev/null 8>&- &
+    # From /: conmon writes an `oom` marker into its working directory when a container's memory
+    # limit kills a process, which would otherwise land in the caller's checkout.
+    (cd / && exec setsid nohup podman system service --time=0 "unix://$SOCK" >>"$SERVICE_LOG" 2>&1 </dev/null 8>&-) &
     echo $! >"$PIDFILE"
     for _ in $(seq 50); do
       answers && break
