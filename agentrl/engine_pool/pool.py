@@ -39,6 +39,7 @@ from typing import Any, Literal
 import torch
 
 from agentrl.engine_pool.engine import Engine, EngineError, GenerateResult, SamplingParams
+from agentrl.engine_pool.sglang_api import parse_version
 
 Status = Literal["healthy", "evicted", "stale"]
 _MAX_SESSIONS = 100_000
@@ -240,8 +241,6 @@ class EnginePool:
         info = getattr(member.engine, "model_info", None)
         if info is None:
             return member.engine.weight_version
-        from agentrl.engine_pool.sglang_api import parse_version
-
         return parse_version((await info()).get("weight_version"))
 
     async def _probe(self, member: PoolMember) -> bool:

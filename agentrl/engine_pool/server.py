@@ -33,8 +33,6 @@ engine that can no longer serve gets 503.
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import json
 import uuid
 from dataclasses import asdict
@@ -48,6 +46,7 @@ from agentrl.engine_pool.engine import EngineError, SamplingParams
 from agentrl.engine_pool.local_engine import LocalEngine
 from agentrl.engine_pool.sglang_api import (
     ProtocolError,
+    decode_named_tensors,
     error_body,
     generate_response,
     parse_generate_request,
@@ -120,10 +119,10 @@ class EngineServer:
         return response
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self._serving() else 503)
+        return web.Response(status=200 if self.engine.serving else 503)
 
     async def health_generate(self, request: web.Request) -> web.Response:
-        if not self._serving():
+        if not self.engine.serving:
             return web.Response(status=503)
         if self._paused:  # a probe would wait for continue_generation; the engine is alive
             return web.Response(status=200)
@@ -295,26 +294,6 @@ class EngineServer:
             raise ValueError("the body must be a JSON object")
         given = body.get("weight_version")
         return parse_version(given) if given is not None else self.engine.weight_version
-
-    def _serving(self) -> bool:
-        return self.engine.serving
-
-
-def encode_named_tensors(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
-    """agentrl's ``serialized_named_tensors`` entry: base64 of ``torch.save`` of the list."""
-    buffer = io.BytesIO()
-    torch.save([(name, tensor.detach().cpu()) for name, tensor in named_tensors], buffer)
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def decode_named_tensors(payload: str) -> list[tuple[str, torch.Tensor]]:
-    """The inverse of :func:`encode_named_tensors` (``weights_only``: no arbitrary objects)."""
-    data = torch.load(io.BytesIO(base64.b64decode(payload)), weights_only=True)
-    if not isinstance(data, list) or not all(
-        isinstance(item, (list, tuple)) and len(item) == 2 for item in data
-    ):
-        raise ValueError("serialized_named_tensors must decode to a list of (name, tensor) pairs")
-    return [(str(name), tensor) for name, tensor in data]
 
 
 def _read_safetensors(path: Path) -> list[tuple[str, torch.Tensor]]:

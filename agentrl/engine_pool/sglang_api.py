@@ -27,7 +27,11 @@ Differences an SGLang server has that this module absorbs: ``sampling_seed`` onl
 
 from __future__ import annotations
 
+import base64
+import io
 from typing import Any
+
+import torch
 
 from agentrl.engine_pool.engine import FinishReason, GenerateResult, SamplingParams
 
@@ -179,6 +183,42 @@ def parse_generate_response(body: Any, prompt_tokens: int) -> GenerateResult:
         prompt_tokens=int(meta.get("prompt_tokens", prompt_tokens)),
         request_id=str(meta.get("id", "")),
     )
+
+
+# -- weight payloads (``serialized_named_tensors`` entries) ------------------------------------
+
+
+def encode_named_tensors(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
+    """agentrl's ``serialized_named_tensors`` entry: base64 of ``torch.save`` of the list."""
+    buffer = io.BytesIO()
+    torch.save([(name, tensor.detach().cpu()) for name, tensor in named_tensors], buffer)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def decode_named_tensors(payload: str) -> list[tuple[str, torch.Tensor]]:
+    """The inverse of :func:`encode_named_tensors` (``weights_only``: no arbitrary objects)."""
+    data = torch.load(io.BytesIO(base64.b64decode(payload)), weights_only=True)
+    if not isinstance(data, list) or not all(
+        isinstance(item, (list, tuple)) and len(item) == 2 for item in data
+    ):
+        raise ValueError("serialized_named_tensors must decode to a list of (name, tensor) pairs")
+    return [(str(name), tensor) for name, tensor in data]
+
+
+def sglang_tensor_payload(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
+    """SGLang's ``serialized_named_tensors`` entry: base64 of a ``ForkingPickler`` dump.
+
+    The same bytes as SGLang's ``MultiprocessingSerializer.serialize(named_tensors,
+    output_str=True)`` (``python/sglang/srt/utils/common.py``): torch's reductions share tensor
+    storage (CUDA-IPC handles for GPU tensors) rather than copying it.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
+
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(named_tensors)
+    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def error_body(message: str) -> dict[str, Any]:

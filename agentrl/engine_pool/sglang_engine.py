@@ -24,9 +24,7 @@ the call returns: colocated engines).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import io
 import json
 import subprocess
 import sys
@@ -43,10 +41,12 @@ import torch
 from agentrl.engine_pool.engine import EngineError, GenerateResult, SamplingParams
 from agentrl.engine_pool.sglang_api import (
     ProtocolError,
+    encode_named_tensors,
     error_message,
     generate_request,
     parse_generate_response,
     parse_version,
+    sglang_tensor_payload,
 )
 
 
@@ -107,14 +107,18 @@ class SGLangEngine:
 
     async def start(self) -> SGLangEngine:
         """Open the HTTP session and read the server's weight version; idempotent."""
+        self._open_session()
+        info = await self.model_info()
+        self._weight_version = parse_version(info.get("weight_version"))
+        return self
+
+    def _open_session(self) -> aiohttp.ClientSession:
         if self._session is None:
             timeout = aiohttp.ClientTimeout(
                 total=self.request_timeout, sock_connect=self.connect_timeout
             )
             self._session = aiohttp.ClientSession(timeout=timeout)
-        info = await self.model_info()
-        self._weight_version = parse_version(info.get("weight_version"))
-        return self
+        return self._session
 
     async def __aenter__(self) -> SGLangEngine:
         return await self.start()
@@ -161,12 +165,8 @@ class SGLangEngine:
     ) -> None:
         """Send the tensors in one ``/update_weights_from_tensor`` call and set ``version``."""
         tensors = list(named_tensors)
-        if self.tensor_format == "sglang":
-            payload = await asyncio.to_thread(sglang_tensor_payload, tensors)
-        else:
-            from agentrl.engine_pool.server import encode_named_tensors
-
-            payload = await asyncio.to_thread(encode_named_tensors, tensors)
+        encode = sglang_tensor_payload if self.tensor_format == "sglang" else encode_named_tensors
+        payload = await asyncio.to_thread(encode, tensors)
         body = {
             "serialized_named_tensors": [payload] * self.tp_size,
             "weight_version": str(version),
@@ -249,13 +249,11 @@ class SGLangEngine:
 
     async def healthy(self, timeout: float = 5.0) -> bool:
         """Whether ``/health_generate`` answers 200 within ``timeout`` seconds."""
-        try:
-            async with (
-                aiohttp.ClientSession() as session,
-                session.get(
-                    f"{self.url}/health_generate", timeout=aiohttp.ClientTimeout(total=timeout)
-                ) as response,
-            ):
+        limit = aiohttp.ClientTimeout(total=timeout)
+        try:  # on the engine's own session: a probe every few seconds reuses its connections
+            async with self._open_session().get(
+                f"{self.url}/health_generate", timeout=limit
+            ) as response:
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
@@ -340,22 +338,6 @@ def sglang_command(
         "--host", host, "--port", str(port), "--tp-size", str(tp_size),
         "--skip-tokenizer-init", *extra,
     ]  # fmt: skip
-
-
-def sglang_tensor_payload(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
-    """SGLang's ``serialized_named_tensors`` entry: base64 of a ``ForkingPickler`` dump.
-
-    The same bytes as SGLang's ``MultiprocessingSerializer.serialize(named_tensors,
-    output_str=True)`` (``python/sglang/srt/utils/common.py``): torch's reductions share tensor
-    storage (CUDA-IPC handles for GPU tensors) rather than copying it.
-    """
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
-
-    buffer = io.BytesIO()
-    ForkingPickler(buffer).dump(named_tensors)
-    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def _rid_prefix(session_id: str | None) -> str:
