@@ -106,14 +106,7 @@ class BubblewrapSandbox(Sandbox):
         )
         tail = bytearray()
         sandbox = cls(process, cgroups, tail, asyncio.create_task(_keep_tail(process, tail)))
-        try:
-            await sandbox.ping(timeout=30.0)
-        except BaseException:
-            await sandbox.close()
-            raise SandboxError(
-                f"the bubblewrap sandbox did not start: {sandbox._stderr()}"
-            ) from None
-        return sandbox
+        return await sandbox._until_ready("bubblewrap")
 
     async def _shutdown(self) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -84,13 +84,7 @@ class ContainerSandbox(Sandbox):
         except BaseException as exc:
             await asyncio.to_thread(_remove, container)
             raise SandboxError(f"the container sandbox did not start: {exc}") from exc
-        try:
-            await sandbox.ping(timeout=30.0)
-        except BaseException:
-            reason = await sandbox._death_reason()
-            await sandbox.close()
-            raise SandboxError(f"the container sandbox did not start: {reason}") from None
-        return sandbox
+        return await sandbox._until_ready("container")
 
     async def _shutdown(self) -> None:
         self._connection.close()

@@ -39,6 +39,7 @@ DEFAULT_MAX_FILE_BYTES = 1 << 20
 
 # A reply may be late by this much beyond the call's own timeout before the agent counts as hung.
 _REPLY_GRACE_S = 10.0
+_START_TIMEOUT_S = 30.0  # a new box's agent must answer within this
 _AGENT_SOURCE = (Path(__file__).with_name("sandbox_agent.py")).read_text()
 
 
@@ -188,6 +189,16 @@ class Sandbox(abc.ABC):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    async def _until_ready(self, backend: str) -> Self:
+        """Wait for the agent's first answer; otherwise destroy the box and raise SandboxError."""
+        try:
+            await self.ping(timeout=_START_TIMEOUT_S)
+        except BaseException:
+            reason = await self._death_reason()
+            await self.close()
+            raise SandboxError(f"the {backend} sandbox did not start: {reason}") from None
+        return self
 
     @abc.abstractmethod
     async def _shutdown(self) -> None:

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
+from agentrl.tools.container import DEFAULT_IMAGE
 from agentrl.tools.sandbox import Sandbox, SandboxError, SandboxLimits
 
 SandboxFactory = Callable[[], Awaitable[Sandbox]]
@@ -31,11 +32,13 @@ BACKENDS = ("bwrap", "container")
 
 
 def sandbox_factory(
-    backend: str, limits: SandboxLimits | None = None, **options: Any
+    backend: str, limits: SandboxLimits | None = None, *, image: str = DEFAULT_IMAGE, **options: Any
 ) -> SandboxFactory:
     """A factory for ``backend`` (``"bwrap"`` or ``"container"``); ``options`` go to its ``start``.
 
-    For ``"container"`` the options are ``image`` and ``client``; for ``"bwrap"``, ``python``.
+    ``image`` is the container image (the bubblewrap backend has none and ignores it), so one
+    environment config serves both backends. Other options: ``client`` for ``"container"``;
+    ``python`` for ``"bwrap"``.
     """
     if backend == "bwrap":
         from agentrl.tools.bwrap import BubblewrapSandbox
@@ -44,7 +47,7 @@ def sandbox_factory(
     if backend == "container":
         from agentrl.tools.container import ContainerSandbox
 
-        return lambda: ContainerSandbox.start(limits, **options)
+        return lambda: ContainerSandbox.start(limits, image=image, **options)
     raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 

@@ -101,8 +101,7 @@ class CodeEnv(AgentEnv):
         self.problems = load_problems(config.dataset, config.problems)
         self.problem: CodeProblem | None = None
         self.attempts = 0
-        options = {"image": config.sandbox_image} if config.sandbox == "container" else {}
-        factory = sandbox_factory(config.sandbox, config.sandbox_limits, **options)
+        factory = sandbox_factory(config.sandbox, config.sandbox_limits, image=config.sandbox_image)
         self.grading_sandboxes = config.sandbox_pool or factory
         self.sandbox: EpisodeSandbox | None = None
         self.parser: TagParser | HermesParser | None = None

@@ -114,8 +114,9 @@ class MathEnv(AgentEnv):
                 )
             ]
         elif multi:
-            options = {"image": config.sandbox_image} if config.sandbox == "container" else {}
-            factory = sandbox_factory(config.sandbox, config.sandbox_limits, **options)
+            factory = sandbox_factory(
+                config.sandbox, config.sandbox_limits, image=config.sandbox_image
+            )
             self.sandbox = EpisodeSandbox(factory, config.sandbox_pool)
             tools = sandbox_tools(
                 self.sandbox.get,
