@@ -133,7 +133,11 @@ EOF
 
   # overlay when the kernel mounts it on the graph root (not when / is itself an overlay), else vfs.
   graphroot=/var/lib/containers/storage
-  driver=$(sed -n 's/^driver *= *"\(.*\)"/\1/p' /etc/containers/storage.conf 2>/dev/null | head -1)
+  # The file may not exist yet (a fresh machine): read it only when it does.
+  driver=""
+  if [ -f /etc/containers/storage.conf ]; then
+    driver=$(sed -n 's/^driver *= *"\(.*\)"/\1/p' /etc/containers/storage.conf | head -1)
+  fi
   if [ -z "$driver" ] && [ "$root" = 1 ]; then
     mkdir -p "$graphroot"
     probe=$(mktemp -d "$graphroot/.overlay-probe.XXXXXX")
