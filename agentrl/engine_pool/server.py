@@ -13,13 +13,31 @@ either, and CPU users can run engines in separate processes. Routes:
 ``GET|POST /flush_cache``                  empties the prefix cache (plain text, as SGLang)
 ``POST /pause_generation``                 ``{"mode": "abort"|"retract"|"in_place"}``
 ``POST /continue_generation``              resumes
-``POST /abort_request``                    ``{"rid": prefix, "abort_all": bool}``; 200, empty body
+``POST /abort_request``                    ``{"rid": rid, "abort_all": bool}``; 200, empty body
 ``POST /update_weights_from_disk``         ``{"model_path", "weight_version"}``: a safetensors dir
 ``POST /update_weights_from_tensor``       ``{"serialized_named_tensors": [b64], "weight_version"}``
 ``POST /update_weight_version``            ``{"new_version"}``
+``POST /begin_weight_update``              open the weight-update session (``/end_weight_update``
+                                           closes it); tensor and broadcast updates need one
 ``POST /init_weights_update_group``        join a gloo (CPU) or nccl group as ``rank_offset``
 ``POST /update_weights_from_distributed``  ``{"names", "dtypes", "shapes"}``: receive broadcasts
+``POST /destroy_weights_update_group``     ``{"group_name"}``: leave the group
 ========================================  ========================================================
+
+Where the client depends on it, it behaves as SGLang 0.5.23 does (``docs/sglang_http_api.md``):
+
+* ``/abort_request`` looks the ``rid`` up exactly and does nothing for an unknown one; a known one
+  aborts every request whose rid starts with it (SGLang's scheduler matches by prefix).
+* ``/update_weights_from_tensor`` and ``/update_weights_from_distributed`` refuse outside a
+  weight-update session (the distributed one then receives nothing, so the sender's broadcast
+  waits, as on SGLang).
+* A cache flush (``/flush_cache``, or an update's ``flush_cache``, true by default) is refused
+  while requests run: paused ``in_place`` or not paused at all. Requests paused by ``retract`` are
+  waiting, not running, so it goes ahead. A refused flush fails the update (``success: false``)
+  although the weights were loaded (SGLang 0.5.22+).
+* ``/health_generate`` waits while generation is paused and answers 503 after 20 s; ``/health``
+  answers 200 without generating.
+* A request aborted before its first token answers one weight-version span ``start == end == 0``.
 
 Differences from SGLang, by design: prompts are token ids only (no ``text``, no batches, ``n`` = 1);
 responses carry no ``text``; ``sampling_seed`` always applies; a streamed request gets only its final
@@ -52,7 +70,7 @@ from agentrl.engine_pool.sglang_api import (
     parse_generate_request,
     parse_version,
 )
-from agentrl.engine_pool.weight_group import DEFAULT_GROUP, join_group, receive
+from agentrl.engine_pool.weight_group import DEFAULT_GROUP, join_group, leave_group, receive
 
 _HEALTH_TIMEOUT_S = 20.0
 
@@ -65,6 +83,8 @@ class EngineServer:
         self.model_path = model_path
         self._inflight: set[str] = set()
         self._paused = False
+        self._pause_mode = "in_place"
+        self._update_session = False  # /begin_weight_update ... /end_weight_update
         self._groups: dict[str, Any] = {}  # weight-update process groups by name
         self.app = web.Application(client_max_size=1 << 31)
         get, post = web.get, web.post
@@ -86,8 +106,11 @@ class EngineServer:
                 post("/update_weights_from_disk", self.update_weights_from_disk),
                 post("/update_weights_from_tensor", self.update_weights_from_tensor),
                 post("/update_weight_version", self.update_weight_version),
+                post("/begin_weight_update", self.begin_weight_update),
+                post("/end_weight_update", self.end_weight_update),
                 post("/init_weights_update_group", self.init_weights_update_group),
                 post("/update_weights_from_distributed", self.update_weights_from_distributed),
+                post("/destroy_weights_update_group", self.destroy_weights_update_group),
             ]
         )
 
@@ -124,8 +147,12 @@ class EngineServer:
     async def health_generate(self, request: web.Request) -> web.Response:
         if not self.engine.serving:
             return web.Response(status=503)
-        if self._paused:  # a probe would wait for continue_generation; the engine is alive
-            return web.Response(status=200)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _HEALTH_TIMEOUT_S
+        while self._paused:  # as SGLang: the probe's generation waits for continue_generation
+            if loop.time() >= deadline:
+                return web.Response(status=503)
+            await asyncio.sleep(0.05)
         if self._inflight:  # as SGLang: any token produced within the timeout proves liveness
             start = self.engine.stats.tokens_generated
             deadline = asyncio.get_running_loop().time() + _HEALTH_TIMEOUT_S
@@ -170,19 +197,34 @@ class EngineServer:
                 "paused": self._paused,
                 "running_requests": len(self._inflight),
                 "stats": stats,
+                # the server arguments SGLang reports that the client reads
+                "tp_size": 1,
+                "enable_deterministic_inference": True,  # sampling_seed always applies here
+                "allow_auto_truncate": False,
+                "context_length": getattr(
+                    self.engine.model.config, "max_position_embeddings", None
+                ),
             }
         )
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        await self.engine.flush_cache()
+        if not await self._flush():
+            return web.Response(text=_FLUSH_REFUSED, status=400)
         return web.Response(text="Cache flushed.\n")
+
+    async def _flush(self) -> bool:
+        """Empty the prefix cache unless requests run (as SGLang's scheduler decides)."""
+        if self._inflight and not (self._paused and self._pause_mode == "retract"):
+            return False
+        await self.engine.flush_cache()
+        return True
 
     async def pause_generation(self, request: web.Request) -> web.Response:
         body = await _json(request, default={})
         mode = body.get("mode", "abort") if isinstance(body, dict) else None
         if mode not in ("abort", "retract", "in_place"):
             return web.json_response(error_body(f"unknown pause mode {mode!r}"), status=400)
-        self._paused = True
+        self._paused, self._pause_mode = True, mode
         await self.engine.pause()
         if mode == "abort":  # in-flight requests return now, with their partial tokens
             await self.engine.abort()
@@ -199,10 +241,10 @@ class EngineServer:
             return web.json_response(error_body("the body must be a JSON object"), status=400)
         if body.get("abort_all"):
             await self.engine.abort()
-        elif body.get("rid"):
-            prefix = str(body["rid"])  # SGLang matches by prefix: "x" also aborts "x_0", "x_1"
-            for rid in [rid for rid in self._inflight if rid.startswith(prefix)]:
-                await self.engine.abort(rid)
+        elif (rid := str(body.get("rid") or "")) in self._inflight:
+            # as SGLang: the HTTP layer knows the rid exactly, then the scheduler aborts by prefix
+            for running in [other for other in self._inflight if other.startswith(rid)]:
+                await self.engine.abort(running)
         return web.Response(status=200)
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
@@ -214,16 +256,12 @@ class EngineServer:
             await self.engine.update_weights(tensors, version)
         except (KeyError, ValueError, OSError, ProtocolError) as exc:
             return _update_failed(exc)
-        return web.json_response(
-            {
-                "success": True,
-                "message": f"Succeeded to update model weights. Weight version updated to {version}.",
-                "num_paused_requests": 0,
-            }
-        )
+        return await self._updated(body, version, num_paused_requests=0)
 
     async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
         body = await _json(request, default={})
+        if not self._update_session:
+            return _no_session("update_weights_from_tensor")
         try:
             version = self._next_version(body)
             (payload,) = body["serialized_named_tensors"]  # one entry per TP rank: we have one
@@ -233,8 +271,7 @@ class EngineServer:
             return _update_failed(exc)
         except Exception as exc:  # an undecodable payload (pickle / torch errors)
             return _update_failed(exc)
-        message = f"Succeeded to update model weights. Weight version updated to {version}."
-        return web.json_response({"success": True, "message": message})
+        return await self._updated(body, version)
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         body = await _json(request, default={})
@@ -273,6 +310,8 @@ class EngineServer:
 
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
         body = await _json(request, default={})
+        if not self._update_session:  # nothing is received, so the sender's broadcast waits
+            return _no_session("update_weights_from_distributed")
         try:
             version = self._next_version(body)
             name = str(body.get("group_name", DEFAULT_GROUP))
@@ -286,8 +325,41 @@ class EngineServer:
             await self.engine.update_weights(tensors, version)
         except (KeyError, TypeError, ValueError, RuntimeError, ProtocolError) as exc:
             return _update_failed(exc)
+        return await self._updated(body, version)
+
+    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
+        body = await _json(request, default={})
+        name = str(body.get("group_name", DEFAULT_GROUP)) if isinstance(body, dict) else ""
+        group = self._groups.pop(name, None)
+        if group is None:
+            return _answer(False, "The group to be destroyed does not exist.")
+        await asyncio.to_thread(leave_group, group)
+        return _answer(True, "Succeeded to destroy custom process group.")
+
+    async def begin_weight_update(self, request: web.Request) -> web.Response:
+        await _json(request, default={})
+        if self._update_session:
+            return _answer(
+                False, "a weight-update session is already open; call end_weight_update() first"
+            )
+        self._update_session = True
+        return _answer(True, "Success")
+
+    async def end_weight_update(self, request: web.Request) -> web.Response:
+        await _json(request, default={})
+        if not self._update_session:
+            return _answer(
+                False, "no weight-update session is open; call begin_weight_update() first"
+            )
+        self._update_session = False
+        return _answer(True, "Success")
+
+    async def _updated(self, body: dict[str, Any], version: int, **extra: Any) -> web.Response:
+        """The answer to a weight update that loaded: the flush it asked for may still fail."""
+        if body.get("flush_cache", True) and not await self._flush():
+            return _answer(False, _UPDATED_NOT_FLUSHED, **extra)
         message = f"Succeeded to update model weights. Weight version updated to {version}."
-        return web.json_response({"success": True, "message": message})
+        return _answer(True, message, **extra)
 
     def _next_version(self, body: Any) -> int:
         if not isinstance(body, dict):
@@ -306,8 +378,26 @@ def _read_safetensors(path: Path) -> list[tuple[str, torch.Tensor]]:
 
 
 def _update_failed(exc: BaseException) -> web.Response:
-    message = f"Failed to update weights: {type(exc).__name__}: {exc}"
-    return web.json_response({"success": False, "message": message}, status=400)
+    return _answer(False, f"Failed to update weights: {type(exc).__name__}: {exc}")
+
+
+def _no_session(route: str) -> web.Response:
+    return _answer(False, f"{route} must run between begin_weight_update() and end_weight_update()")
+
+
+def _answer(success: bool, message: str, **extra: Any) -> web.Response:
+    """SGLang's ``{"success", "message"}`` answer: 200 on success, else 400."""
+    body = {"success": success, "message": message, **extra}
+    return web.json_response(body, status=200 if success else 400)
+
+
+_FLUSH_REFUSED = (
+    "Cache not flushed because there are pending requests. Retract or finish them first.\n"
+)
+_UPDATED_NOT_FLUSHED = (
+    "Weights were updated, but the cache was not flushed because requests are still running or "
+    "queued. Retract or finish them, then call /flush_cache."
+)
 
 
 async def _json(request: web.Request, default: Any = None) -> Any:

@@ -20,15 +20,19 @@ Response: ``{"text"?, "output_ids": [int], "meta_info": {"id", "finish_reason",
 "message": str}``. ``output_ids`` include the stop token. Weight versions are strings in SGLang;
 agentrl's are ints written as decimal strings (SGLang's initial ``"default"`` reads as 0).
 
-Differences an SGLang server has that this module absorbs: ``sampling_seed`` only takes effect with
-``--enable-deterministic-inference``; ``ignore_eos`` also disables ``stop_token_ids`` there;
-``top_k`` 0 is spelled ``-1``; a queued request that is aborted has no ``prompt_tokens``.
+What an SGLang server does that its client must handle (SGLang 0.5.23's source, cited in
+``docs/sglang_http_api.md``): an aborted request that never ran answers with no tokens and one
+weight-version span ``start == end == 0``; ``top_k`` 0 is spelled ``-1``; a queued request's abort
+has no ``prompt_tokens``. The rest (exact-rid aborts, weight-update sessions, the cache flush, seeds,
+``ignore_eos`` and the context limit) is handled by
+:class:`~agentrl.engine_pool.sglang_engine.SGLangEngine`, which knows the server it talks to.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -135,7 +139,7 @@ def generate_response(
             "completion_tokens": len(result.token_ids),
             "cached_tokens": cached_tokens,
             "weight_version": str(result.weight_version),
-            "weight_versions": _version_spans(result.token_weight_versions),
+            "weight_versions": _version_spans(result.token_weight_versions, result.weight_version),
             "output_token_logprobs": [
                 [logprob, token, None]
                 for logprob, token in zip(result.logprobs, result.token_ids, strict=True)
@@ -205,20 +209,73 @@ def decode_named_tensors(payload: str) -> list[tuple[str, torch.Tensor]]:
     return [(str(name), tensor) for name, tensor in data]
 
 
-def sglang_tensor_payload(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
-    """SGLang's ``serialized_named_tensors`` entry: base64 of a ``ForkingPickler`` dump.
+def sglang_tensor_payloads(
+    named_tensors: list[tuple[str, torch.Tensor]], tp_size: int = 1
+) -> list[str]:
+    """SGLang's ``serialized_named_tensors``: one entry per TP rank, each its own dump.
 
-    The same bytes as SGLang's ``MultiprocessingSerializer.serialize(named_tensors,
-    output_str=True)`` (``python/sglang/srt/utils/common.py``): torch's reductions share tensor
-    storage (CUDA-IPC handles for GPU tensors) rather than copying it.
+    Each entry is base64 of a ``ForkingPickler`` dump of ``named_tensors``, what SGLang's
+    ``MultiprocessingSerializer.serialize(..., output_str=True)`` writes, read back by its
+    ``SafeUnpickler`` (``python/sglang/srt/utils/common.py``); rank ``r`` reads entry ``r`` only
+    (``tp_worker.deserialize_own_rank``). Separate dumps, because every read of a shared tensor
+    releases one reference that its dump took. How tensors travel (both by reference, so the
+    server must run on the same machine):
+
+    * CUDA tensors as CUDA-IPC handles whose device is named by its UUID, as SGLang's senders do
+      after ``monkey_patch_torch_reductions`` (``utils/patch_torch.py``): the server maps the UUID
+      to its own device index, which differs when the processes see different devices.
+    * CPU tensors as copies in shared memory named by file (torch's ``file_system`` strategy):
+      the default strategy passes a file descriptor that only processes forked from the sender can
+      receive. Each dump holds a reference to the shared memory until the server reads it.
     """
-    from multiprocessing.reduction import ForkingPickler
+    if tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
 
-    import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
+    tensors = [
+        (name, tensor.detach() if tensor.is_cuda else tensor.detach().clone())
+        for name, tensor in named_tensors
+    ]  # CPU copies: sharing moves a storage into shared memory, so never share the caller's
+    return [base64.b64encode(_dump_for_sglang(tensors)).decode() for _ in range(tp_size)]
 
+
+def _dump_for_sglang(named_tensors: list[tuple[str, torch.Tensor]]) -> bytes:
     buffer = io.BytesIO()
-    ForkingPickler(buffer).dump(named_tensors)
-    return base64.b64encode(buffer.getvalue()).decode()
+    _SGLangPickler(buffer).dump(named_tensors)
+    return buffer.getvalue()
+
+
+class _SGLangPickler(ForkingPickler):
+    """torch's multiprocessing reductions, but with the two changes described above."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.is_cuda:
+            return _reduce_cuda_tensor_by_uuid(obj)
+        if isinstance(obj, torch.UntypedStorage) and obj.device.type == "cpu":
+            return _reduce_cpu_storage_by_name(obj)
+        return NotImplemented
+
+
+def _reduce_cuda_tensor_by_uuid(tensor: torch.Tensor) -> tuple[Any, tuple[Any, ...]]:
+    from torch.multiprocessing import reductions
+
+    rebuild, args = reductions.reduce_tensor(tensor)
+    device = args[_CUDA_DEVICE_ARG]  # the argument SGLang's patch renames (index 6 since torch 2.0)
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return rebuild, (*args[:_CUDA_DEVICE_ARG], uuid, *args[_CUDA_DEVICE_ARG + 1 :])
+
+
+def _reduce_cpu_storage_by_name(storage: torch.UntypedStorage) -> tuple[Any, tuple[Any, ...]]:
+    from torch.multiprocessing import reductions
+
+    if storage.nbytes() == 0:  # nothing to map
+        return reductions.rebuild_storage_empty, (type(storage),)
+    manager, handle, size = storage._share_filename_cpu_()
+    storage._shared_incref()  # released by the reader's rebuild_storage_filename
+    return reductions.rebuild_storage_filename, (type(storage), manager, handle, size)
+
+
+_CUDA_DEVICE_ARG = 6
 
 
 def error_body(message: str) -> dict[str, Any]:
@@ -254,7 +311,9 @@ def _finish_reason(value: Any) -> FinishReason:
     return kind
 
 
-def _version_spans(versions: list[int]) -> list[dict[str, Any]]:
+def _version_spans(versions: list[int], current: int) -> list[dict[str, Any]]:
+    if not versions:  # as SGLang: one empty span at the current version
+        return [{"version": str(current), "start": 0, "end": 0}]
     spans: list[dict[str, Any]] = []
     for position, version in enumerate(versions):
         if spans and spans[-1]["version"] == str(version):
@@ -267,7 +326,8 @@ def _version_spans(versions: list[int]) -> list[dict[str, Any]]:
 def _versions_from_spans(spans: list[dict[str, Any]], length: int) -> list[int]:
     versions: list[int] = []
     for span in spans:
-        if span["start"] != len(versions) or span["end"] <= span["start"]:
+        # SGLang answers a request aborted before its first token with one span start == end == 0
+        if span["start"] != len(versions) or span["end"] < span["start"]:
             raise ProtocolError(f"weight_versions spans are not contiguous: {spans}")
         versions += [parse_version(span["version"])] * (span["end"] - span["start"])
     if len(versions) != length:

@@ -1,18 +1,23 @@
 """Weight sync by broadcast: a process group joining the trainer (rank 0) and engine servers.
 
 SGLang's ``/init_weights_update_group`` and ``/update_weights_from_distributed`` (see
-``docs/sglang_http_api.md`` section 7): each server joins a new process group at
-``master_address:master_port`` as rank ``rank_offset + tp_rank``; then, for every update, the trainer
+``docs/sglang_http_api.md`` section 7): each server's TP rank ``r`` joins a new process group at
+``master_address:master_port`` as rank ``rank_offset + r``; then, for every update, the trainer
 posts the names, dtypes and shapes to every server and broadcasts the tensors from rank 0 in that
 order, while the servers receive them. One broadcast reaches every engine in the group.
 
-Both sides build the group directly (``TCPStore`` + ``ProcessGroupGloo`` or ``ProcessGroupNCCL``),
-apart from any default process group, so the trainer's FSDP group is untouched. ``gloo`` moves CPU
-tensors (tested here between processes on loopback); ``nccl`` moves CUDA tensors between GPU
+Both sides build the group as SGLang's ``init_custom_process_group`` (``python/sglang/srt/utils/
+common.py``) does, because the store keys must match: a TCP rendezvous at
+``tcp://master_address:master_port`` (rank 0 hosts the store), a ``PrefixStore(group_name)`` over
+it, and torch's own group constructor under ``group_name`` (which prefixes the keys again). This
+is apart from any default process group, so the trainer's FSDP group is untouched; a group name
+can be used again in a process once :func:`leave_group` has destroyed the old group. ``gloo``
+moves CPU tensors (tested here between processes on loopback, also against SGLang's own function
+in ``tests/engine_pool/test_sglang_conformance.py``); ``nccl`` moves CUDA tensors between GPU
 processes (the same calls; not run on these machines, which have no GPU).
 
-:class:`WeightUpdateGroup` is the trainer's side; :func:`join_group` and :func:`receive` are the
-server's (``agentrl serve`` uses them).
+:class:`WeightUpdateGroup` is the trainer's side; :func:`join_group`, :func:`receive` and
+:func:`leave_group` are the server's (``agentrl serve`` uses them).
 """
 
 from __future__ import annotations
@@ -24,9 +29,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import (
+    Backend,
+    PrefixStore,
+    _new_process_group_helper,
+    _world,
+    rendezvous,
+)
 
 DEFAULT_GROUP = "weight_update_group"
-_TIMEOUT = datetime.timedelta(minutes=10)
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 def join_group(
@@ -37,18 +49,38 @@ def join_group(
     *,
     group_name: str = DEFAULT_GROUP,
     backend: str = "gloo",
-    is_master: bool = False,
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
 ) -> dist.ProcessGroup:
-    """Join (blocking until all ``world_size`` ranks have) a group used only for weight updates."""
+    """Join (blocking until all ``world_size`` ranks have) a group used only for weight updates.
+
+    Rank 0 hosts the TCP store. The keys are SGLang's (see the module docstring).
+    """
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs a CUDA device; use 'gloo' on CPU engines")
-    store = dist.TCPStore(master_address, master_port, world_size, is_master, timeout=_TIMEOUT)
-    prefixed = dist.PrefixStore(group_name, store)
-    if backend == "gloo":
-        return dist.ProcessGroupGloo(prefixed, rank, world_size, _TIMEOUT)
-    return dist.ProcessGroupNCCL(prefixed, rank, world_size)
+    if not group_name:
+        raise ValueError("group_name must not be empty")
+    url = f"tcp://{_host(master_address)}:{master_port}"
+    store, rank, world_size = next(rendezvous(url, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    group, _ = _new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        Backend(backend),
+        PrefixStore(group_name, store),
+        group_name=group_name,
+        backend_options=None,
+        timeout=timeout,
+    )
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}  # group rank = global rank
+    return group
+
+
+def leave_group(group: dist.ProcessGroup) -> None:
+    """Destroy a group made by :func:`join_group` (its name may then be used again)."""
+    dist.destroy_process_group(group)
 
 
 def receive(
@@ -89,9 +121,17 @@ class WeightUpdateGroup:
         *,
         backend: str = "gloo",
         group_name: str = DEFAULT_GROUP,
+        timeout: datetime.timedelta = DEFAULT_TIMEOUT,
     ) -> WeightUpdateGroup:
-        """Form the group: rank 0 here, engine ``i`` as rank ``1 + i`` (one rank per engine)."""
-        world_size = 1 + len(engines)
+        """Form the group: rank 0 here, then each engine's TP ranks in order.
+
+        Engine ``i`` joins with ``rank_offset = 1 + (TP sizes of engines 0..i-1)`` and its server
+        puts TP rank ``r`` at ``rank_offset + r``, as SGLang does; an engine's ``tp_size``
+        attribute (1 when absent) says how many ranks it takes.
+        """
+        sizes = [int(getattr(engine, "tp_size", 1)) for engine in engines]
+        world_size = 1 + sum(sizes)
+        offsets = [1 + sum(sizes[:i]) for i in range(len(engines))]
         master = asyncio.to_thread(
             join_group,
             master_address,
@@ -100,18 +140,18 @@ class WeightUpdateGroup:
             world_size,
             group_name=group_name,
             backend=backend,
-            is_master=True,
+            timeout=timeout,
         )
         joins = [
             engine.init_weights_update_group(
                 master_address,
                 master_port,
-                1 + i,
+                offset,
                 world_size,
                 group_name=group_name,
                 backend=backend,
             )
-            for i, engine in enumerate(engines)
+            for engine, offset in zip(engines, offsets, strict=True)
         ]
         group, *_ = await asyncio.gather(master, *joins)
         return cls(engines, group, group_name)
@@ -131,12 +171,26 @@ class WeightUpdateGroup:
         sends = asyncio.to_thread(self._send, [tensor for _, tensor in tensors])
         await asyncio.gather(sends, *posts)
 
+    async def close(self) -> None:
+        """Have every engine leave the group, then leave it here (the name is free again)."""
+        leaves = [
+            engine.destroy_weights_update_group(self.group_name)
+            for engine in self.engines
+            if hasattr(engine, "destroy_weights_update_group")
+        ]
+        try:
+            await asyncio.gather(*leaves)
+        finally:
+            leave_group(self.group)
+
     def _send(self, tensors: list[torch.Tensor]) -> None:
         for tensor in tensors:
             _broadcast(self.group, tensor)
 
 
 def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
-    options = dist.BroadcastOptions()
-    options.rootRank = 0
-    group.broadcast([tensor], options).wait()
+    dist.broadcast(tensor, src=0, group=group)  # as SGLang's receive_weights_from_distributed
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address

@@ -11,7 +11,7 @@ import subprocess
 import gymnasium
 import pytest
 from aiohttp import web
-from test_sglang_http import fake_sglang, free_port, model_dir  # noqa: F401  (fixture)
+from test_sglang_http import fake_sglang, free_port, model_dir, sglang_info  # noqa: F401
 
 from agentrl.engine_pool.engine import EngineError, SamplingParams
 from agentrl.engine_pool.pool import EnginePool
@@ -80,8 +80,8 @@ async def test_a_hung_engine_is_timed_out_and_its_requests_rerouted(model_dir, t
     hang = asyncio.Event()
 
     async def hanging(request):
-        if request.path == "/get_model_info":
-            return web.json_response({"weight_version": "0"})
+        if info := sglang_info(request, weight_version="0"):
+            return info
         await hang.wait()  # never answers: not /generate, not /health_generate
         return web.Response(status=500)
 
@@ -175,8 +175,8 @@ async def test_sticky_sessions_stay_on_one_engine(model_dir, tmp_path):  # noqa:
 
 async def test_a_pool_with_no_engine_left_raises():
     async def refuse(request):
-        if request.path == "/get_model_info":
-            return web.json_response({"weight_version": "0"})
+        if info := sglang_info(request, weight_version="0"):
+            return info
         return web.json_response({"error": {"message": "overloaded"}}, status=503)
 
     runner, url = await fake_sglang(refuse)

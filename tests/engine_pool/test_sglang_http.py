@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import socket
 import subprocess
 import sys
@@ -152,6 +151,11 @@ async def test_weight_updates_by_broadcast_in_a_process_group(server, smollm2, c
         await server.update_weights_from_distributed(
             [name], ["float32"], [[576]], 8, group_name="other"
         )
+    await group.close()  # both sides leave, so the name serves a new group
+    again = await WeightUpdateGroup.create([server], "127.0.0.1", free_port(), backend="gloo")
+    await again.push([(name, original)], 8)
+    assert server.weight_version == 8
+    await again.close()
 
 
 async def test_bad_requests_get_400_with_sglang_error_bodies(server):
@@ -187,6 +191,18 @@ async def test_streaming_ends_with_done(server, chat_prompt):
     assert len(final["output_ids"]) == 3 and final["meta_info"]["completion_tokens"] == 3
 
 
+def sglang_info(request: web.Request, weight_version: str = "default") -> web.Response | None:
+    """What SGLang 0.5.23 answers on ``/model_info`` and ``/server_info`` (flat server args and
+    its version), for stand-ins of SGLang; ``None`` for any other route."""
+    if request.path == "/model_info":
+        return web.json_response({"model_path": "m", "weight_version": weight_version})
+    if request.path == "/server_info":
+        return web.json_response(
+            {"tp_size": 1, "enable_deterministic_inference": True, "version": "0.5.23"}
+        )
+    return None
+
+
 async def fake_sglang(handler) -> tuple[web.AppRunner, str]:
     """A stand-in for a misbehaving SGLang server (outside this project)."""
     app = web.Application()
@@ -220,9 +236,7 @@ async def fake_sglang(handler) -> tuple[web.AppRunner, str]:
 )
 async def test_malformed_responses_and_http_errors_are_engine_errors(reply, message):
     async def handler(request):
-        if request.path == "/get_model_info":
-            return web.json_response({"weight_version": "default"})
-        return reply()
+        return sglang_info(request) or reply()
 
     runner, url = await fake_sglang(handler)
     try:
@@ -235,8 +249,8 @@ async def test_malformed_responses_and_http_errors_are_engine_errors(reply, mess
 
 async def test_hung_and_dead_servers_are_engine_errors():
     async def handler(request):
-        if request.path == "/get_model_info":
-            return web.json_response({"weight_version": "7"})
+        if info := sglang_info(request, weight_version="7"):
+            return info
         await asyncio.sleep(60)
 
     runner, url = await fake_sglang(handler)
@@ -258,38 +272,53 @@ def test_serve_cli_help():
     assert result.returncode == 0 and "--max-batch-size" in result.stdout
 
 
-def _decode_like_sglang(payload: str) -> list[tuple[str, list[float]]]:
-    """What an SGLang TP rank does with its entry (MultiprocessingSerializer.deserialize)."""
-    import base64
-    import pickle
-
-    import torch.multiprocessing  # noqa: F401
-
-    return [(name, tensor.tolist()) for name, tensor in pickle.loads(base64.b64decode(payload))]
+_READ_IN_ANOTHER_PROCESS = """
+import base64, json, pickle, sys
+import torch.multiprocessing  # noqa: F401  (torch's rebuild functions)
+named = pickle.loads(base64.b64decode(sys.stdin.read()))
+print(json.dumps([(name, str(tensor.dtype), tensor.float().tolist()) for name, tensor in named]))
+"""
 
 
-async def test_the_sglang_tensor_format_is_readable_by_another_process():
+async def test_sglang_payloads_are_one_dump_per_rank_readable_by_an_unrelated_process():
     received = {}
 
     async def sglang(request):
-        if request.path == "/get_model_info":
-            return web.json_response({"weight_version": "default"})
-        received.update(await request.json())
+        if info := sglang_info(request):
+            return info
+        received[request.path] = await request.json()
         return web.json_response({"success": True, "message": "ok"})
 
     runner, url = await fake_sglang(sglang)
-    tensors = [("a.weight", torch.arange(4.0)), ("b.bias", torch.ones(2))]
+    tensors = [("a.weight", torch.arange(6.0).reshape(2, 3).t()), ("b.bias", torch.ones(2))]
     try:
-        async with SGLangEngine(url, tensor_format="sglang", tp_size=2) as engine:
+        async with SGLangEngine(url, tp_size=2) as engine:
+            assert engine.tensor_format == "sglang"  # "auto" for an SGLang server
             await engine.update_weights(tensors, 3)
             assert engine.weight_version == 3
-            entries = received["serialized_named_tensors"]
-            assert len(entries) == 2 and received["weight_version"] == "3"
-            context = multiprocessing.get_context("spawn")
-            with context.Pool(1) as pool:  # decoded while the sender keeps the tensors alive
-                decoded = pool.apply(_decode_like_sglang, (entries[1],))
-        assert decoded == [("a.weight", [0.0, 1.0, 2.0, 3.0]), ("b.bias", [1.0, 1.0])]
+        body = received["/update_weights_from_tensor"]
+        first, second = body["serialized_named_tensors"]
+        assert body["weight_version"] == "3"
+        # each rank's dump holds its own reference to the shared memory: both can be read
+        assert {"/begin_weight_update", "/end_weight_update"} <= set(received)
+        for entry in (first, second):  # a fresh interpreter, not a child: no shared authkey
+            read = subprocess.run(
+                [sys.executable, "-c", _READ_IN_ANOTHER_PROCESS],
+                input=entry,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            assert json.loads(read.stdout) == [
+                ["a.weight", "torch.float32", [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]],
+                ["b.bias", "torch.float32", [1.0, 1.0]],
+            ]
+        assert not tensors[0][1].is_shared()  # the caller's tensors stay where they were
     finally:
         await runner.cleanup()
     with pytest.raises(ValueError, match="tensor_format"):
         SGLangEngine(url, tensor_format="pickle")
+
+
+async def test_auto_tensor_format_is_agentrl_for_agentrl_serve(server):
+    assert server.tensor_format == "agentrl" and server.server.kind == "agentrl"
