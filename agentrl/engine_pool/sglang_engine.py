@@ -62,6 +62,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -185,8 +186,8 @@ class SGLangEngine:
         Raises :class:`EngineError` with the log's tail when the process exits or does not
         become healthy within ``startup_timeout`` seconds.
         """
-        log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
-        process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT)
+        with open(log_path or os.devnull, "ab") as log:  # the child keeps its own descriptor
+            process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT)
         engine = cls(url, process=process, **options)
         try:
             await engine._wait_healthy(startup_timeout, log_path)
@@ -194,9 +195,6 @@ class SGLangEngine:
         except BaseException:
             await engine.aclose()
             raise
-        finally:
-            if log is not subprocess.DEVNULL:
-                log.close()
 
     async def start(self) -> SGLangEngine:
         """Open the HTTP session and read the server's weight version and facts; idempotent.

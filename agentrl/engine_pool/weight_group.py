@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import (
     Backend,
+    GroupName,
     PrefixStore,
     _new_process_group_helper,
     _world,
@@ -70,7 +71,7 @@ def join_group(
         [],
         Backend(backend),
         PrefixStore(group_name, store),
-        group_name=group_name,
+        group_name=GroupName(group_name),
         backend_options=None,
         timeout=timeout,
     )
