@@ -29,6 +29,7 @@ demo: $(STAMP)
 test: export DOCKER_HOST ?= unix:///run/podman/podman.sock
 test: $(STAMP) lint
 	sandboxes/setup.sh
+	PYTHON=$(PYTHON) scripts/setup-sglang-env
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -35,8 +35,8 @@ Where the client depends on it, it behaves as SGLang 0.5.23 does (``docs/sglang_
   while requests run: paused ``in_place`` or not paused at all. Requests paused by ``retract`` are
   waiting, not running, so it goes ahead. A refused flush fails the update (``success: false``)
   although the weights were loaded (SGLang 0.5.22+).
-* ``/health_generate`` waits while generation is paused and answers 503 after 20 s; ``/health``
-  answers 200 without generating.
+* ``/health_generate`` and ``/health`` (SGLang's default makes both generate) wait while
+  generation is paused and answer 503 after 20 s.
 * A request aborted before its first token answers one weight-version span ``start == end == 0``.
 
 Differences from SGLang, by design: prompts are token ids only (no ``text``, no batches, ``n`` = 1);
@@ -92,7 +92,7 @@ class EngineServer:
             [
                 post("/generate", self.generate),
                 web.put("/generate", self.generate),
-                get("/health", self.health),
+                get("/health", self.health_generate),
                 get("/health_generate", self.health_generate),
                 get("/model_info", self.model_info),
                 get("/get_model_info", self.model_info),
@@ -140,9 +140,6 @@ class EngineServer:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.engine.serving else 503)
 
     async def health_generate(self, request: web.Request) -> web.Response:
         if not self.engine.serving:

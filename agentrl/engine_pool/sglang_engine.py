@@ -29,9 +29,11 @@ lists the supported versions and what differs between them):
   ``pause_mode="in_place"`` keeps running requests and their KV: cheaper, but the flush is refused
   and KV computed by the old weights is reused. Each refused flush is counted in
   ``unflushed_updates`` and, in retract mode, warned about.
-* **Health.** ``/health_generate`` generates a token, so it waits while the server is paused and
-  answers 503 after 20 s. While this client has the server paused, :meth:`healthy` asks
-  ``/health`` (no generation) instead, so a pool never evicts an engine for being paused.
+* **Health.** ``/health_generate`` generates a token, and so does ``/health`` by default
+  (``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``), so both wait while the server is paused and
+  answer 503 after 20 s. While this client has the server paused, :meth:`healthy` asks
+  ``/model_info`` (answered without generating) instead, so a pool never evicts an engine for
+  being paused.
 * **Generation.** ``ignore_eos`` also turns off ``stop_token_ids`` in SGLang, so a request with
   both is refused (``ValueError``). ``sampling_seed`` is ignored unless the server runs with
   ``--enable-deterministic-inference``: a seeded request to such a server is refused, or sent
@@ -411,8 +413,9 @@ class SGLangEngine:
 
     async def healthy(self, timeout: float = 5.0) -> bool:
         """Whether the server answers its health check (200) within ``timeout`` seconds:
-        ``/health_generate`` (one generated token), or ``/health`` while paused by this client."""
-        route = "/health" if self._paused else "/health_generate"
+        ``/health_generate`` (one generated token), or ``/model_info`` while paused by this
+        client (a generation would wait for ``resume``)."""
+        route = self._model_info_route if self._paused else "/health_generate"
         limit = aiohttp.ClientTimeout(total=timeout)
         try:  # on the engine's own session: a probe every few seconds reuses its connections
             async with self._open_session().get(f"{self.url}{route}", timeout=limit) as response:

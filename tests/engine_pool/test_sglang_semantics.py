@@ -163,14 +163,15 @@ async def test_a_paused_engine_stays_healthy_in_the_pool(server_url, raw):  # no
             assert pool.members[0].status == "healthy"
         finally:
             await pool.resume()
-    # as SGLang: /health_generate generates, so it waits while paused; /health does not
+    # as SGLang (by default): both health routes generate, so they wait while paused
     assert (await raw("/pause_generation", {"mode": "in_place"}))[0] == 200
     try:
         limit = aiohttp.ClientTimeout(total=1.0)
         async with aiohttp.ClientSession(timeout=limit) as session:
-            with pytest.raises(TimeoutError):
-                await session.get(f"{server_url}/health_generate")
-            async with session.get(f"{server_url}/health") as response:
+            for route in ("/health_generate", "/health"):
+                with pytest.raises(TimeoutError):
+                    await session.get(f"{server_url}{route}")
+            async with session.get(f"{server_url}/model_info") as response:
                 assert response.status == 200
     finally:
         await raw("/continue_generation", {})
