@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +29,8 @@ from typing import Any
 import pytest
 import torch
 from aiohttp import web
+from sglang_conformance.sglang_side import describe_tensor  # the checksum both sides compute
+from test_sglang_http import free_port
 
 from agentrl.engine_pool.engine import SamplingParams
 from agentrl.engine_pool.sglang_api import encode_named_tensors
@@ -68,12 +68,6 @@ def side_python() -> Path:
     return SIDE_PYTHON
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_process(
     argv: list[str], payload: str | None, hang_guard_s: float, env: dict[str, str] | None = None
 ) -> str:
@@ -106,19 +100,6 @@ def side(python: Path, command: str, spec: Any, hang_guard_s: float = 300) -> An
     return json.loads(
         run_process([str(python), str(HARNESS), command], json.dumps(spec), hang_guard_s)
     )
-
-
-def describe_tensor(name: str, tensor: torch.Tensor) -> dict[str, Any]:
-    """As ``sglang_side.describe_tensor``: name, dtype, shape, float64 sum, first values, sha256."""
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return {
-        "name": name,
-        "dtype": str(tensor.dtype).removeprefix("torch."),
-        "shape": list(tensor.shape),
-        "sum": float(flat.to(torch.float64).sum()),
-        "first": flat[:4].to(torch.float64).tolist(),
-        "sha256": hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest(),
-    }
 
 
 # -- the recording double of an SGLang server ------------------------------------------------

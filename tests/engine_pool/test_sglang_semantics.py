@@ -9,7 +9,13 @@ import asyncio
 import aiohttp
 import pytest
 from aiohttp import web
-from test_sglang_http import SAMPLED, fake_sglang, model_dir, server_url  # noqa: F401  (fixtures)
+from test_sglang_http import (  # noqa: F401  (fixtures)
+    SAMPLED,
+    fake_sglang,
+    model_dir,
+    server,
+    server_url,
+)
 
 from agentrl.engine_pool.engine import SamplingParams
 from agentrl.engine_pool.pool import EnginePool
@@ -20,12 +26,6 @@ pytestmark = pytest.mark.slow
 
 LONG = SamplingParams(max_new_tokens=400, ignore_eos=True, seed=1)
 NAME = "model.norm.weight"
-
-
-@pytest.fixture
-async def server(server_url):  # noqa: F811
-    async with SGLangEngine(server_url) as engine:
-        yield engine
 
 
 @pytest.fixture
@@ -46,7 +46,9 @@ async def raw(server_url):  # noqa: F811
 
 
 async def test_a_prefix_abort_reaches_nothing_and_the_client_aborts_each_rid(
-    server, raw, chat_prompt
+    server,  # noqa: F811
+    raw,
+    chat_prompt,
 ):
     task = asyncio.create_task(server.generate(chat_prompt, LONG, session_id="p"))
     await asyncio.sleep(1.0)
@@ -77,7 +79,7 @@ def test_an_abort_before_the_first_token_has_one_empty_span():
     assert result.weight_version == 3 and result.prompt_tokens == 5
 
 
-async def test_a_queued_request_aborted_returns_no_tokens(server, chat_prompt):
+async def test_a_queued_request_aborted_returns_no_tokens(server, chat_prompt):  # noqa: F811
     await server.pause()
     try:
         task = asyncio.create_task(server.generate(chat_prompt, SAMPLED, session_id="q"))
@@ -92,7 +94,7 @@ async def test_a_queued_request_aborted_returns_no_tokens(server, chat_prompt):
 # -- 3. tensor and broadcast updates need a weight-update session -----------------------------
 
 
-async def test_updates_run_in_one_weight_update_session_per_sync(server, raw, smollm2):
+async def test_updates_run_in_one_weight_update_session_per_sync(server, raw, smollm2):  # noqa: F811
     weight = smollm2.state_dict()[NAME]
     body = {"serialized_named_tensors": [encode_named_tensors([(NAME, weight)])]}
     status, answer = await raw("/update_weights_from_tensor", body)
@@ -138,7 +140,7 @@ async def test_an_update_while_requests_are_paused_succeeds(
     assert result.token_weight_versions[-1] == version
 
 
-async def test_a_flush_is_refused_while_requests_run(server, chat_prompt):
+async def test_a_flush_is_refused_while_requests_run(server, chat_prompt):  # noqa: F811
     task = asyncio.create_task(server.generate(chat_prompt, LONG, session_id="r"))
     await asyncio.sleep(1.0)
     with pytest.raises(ValueError, match="not flushed"):

@@ -27,24 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sglang_side import describe_tensor  # this script's directory: one checksum for both sides
 
 import agentrl
 from agentrl.engine_pool.weight_group import WeightUpdateGroup
-
-
-def describe_tensor(name: str, tensor: torch.Tensor) -> dict[str, Any]:
-    """As ``sglang_side.describe_tensor`` (the two sides must agree; the test checks the format)."""
-    import hashlib
-
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return {
-        "name": name,
-        "dtype": str(tensor.dtype).removeprefix("torch."),
-        "shape": list(tensor.shape),
-        "sum": float(flat.to(torch.float64).sum()),
-        "first": flat[:4].to(torch.float64).tolist(),
-        "sha256": hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest(),
-    }
 
 
 def bucket() -> list[tuple[str, torch.Tensor]]:
