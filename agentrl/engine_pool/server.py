@@ -277,13 +277,7 @@ class EngineServer:
             await self.engine.update_weights([], version)
         except (KeyError, ValueError, ProtocolError) as exc:
             return _update_failed(exc)
-        return web.json_response(
-            {
-                "success": True,
-                "message": f"Weight version updated to {version}",
-                "new_version": str(version),
-            }
-        )
+        return _answer(True, f"Weight version updated to {version}", new_version=str(version))
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         body = await _json(request, default={})
@@ -301,9 +295,7 @@ class EngineServer:
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             return _update_failed(exc)
         self._groups[name] = group
-        return web.json_response(
-            {"success": True, "message": "Succeeded to initialize custom process group."}
-        )
+        return _answer(True, "Succeeded to initialize custom process group.")
 
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
         body = await _json(request, default={})
