@@ -4,16 +4,23 @@
   tokens verbatim (loss mask 1, log-probs, weight version), and env messages as delta tokens from
   the chat template (mask 0). :class:`TokenTrajectory` is the trainer's record.
 * :class:`ChatFormat` holds the delta rule and the end-of-turn tokens of a template.
-* :func:`check_template` (CLI: ``agentrl check-template``) says whether a template is append-only
-  and, where not, which turn re-renders and why; :class:`TemplatePolicy` says what a builder does
-  with such a template (``keep`` with a warning, or ``strict``: refuse it).
+* :func:`check_template` (CLI: ``agentrl check-template``) gives a :class:`Verdict` per use (with
+  tools, without, an empty environment reply) by building the sample conversations with a
+  :class:`TrajectoryBuilder` and comparing its ids with a full encode at every generation point:
+  append-only, token seams (same text, other ids), not append-only (other text, and why), or
+  cannot be used. :class:`TemplatePolicy` says what a builder does with a template that is not
+  append-only (``keep`` with a warning, or ``strict``: refuse it); :class:`SeamPolicy` what it
+  does at token seams.
+* Templates that print the date or time see the episode's start (:mod:`.clock`).
 
-Guaranteed (and property-tested on SmolLM2's template and the hand-written ones in ``templates/``):
-the engine's ids are stored as produced; the ids fed to the engine at every turn are a prefix of the
-final ids; loss mask, log-probs and versions are aligned with the engine's ids; for an append-only
-template the ids at every generation point decode to the template's rendering of the conversation
-so far. They also equal ``encode(render(...))`` except where the tokenizer would merge generated
-text with the generation prompt before it (the engine's ids win: that is what it sampled).
+Guaranteed (and property-tested on SmolLM2's template, the hand-written ones in ``templates/`` and
+the published templates of real model families in ``tests/tokenization/real_templates``): the
+engine's ids are stored as produced; the ids fed to the engine at every turn are a prefix of the
+final ids (unless ``seams="reencode"``); loss mask, log-probs and versions are aligned with the
+engine's ids; where the checker says append-only, the ids at every generation point equal
+``encode(render(...))`` of the conversation so far whenever the engine's ids are the tokenizer's own
+encoding of its text; where it says token seams, they decode to the same text, and equal the
+encode with ``seams="reencode"``.
 
 Not guaranteed: text the tokenizer cannot represent (the smollm2 vocabulary has no byte token for
 0x04, 0x06, 0x13, 0x14, 0x16, 0x1d or U+40000..U+BFFFF and drops them); special-token text inside
@@ -31,9 +38,14 @@ from agentrl.tokenization.checker import (
     IssueKind,
     TemplateIssue,
     TemplateReport,
+    TokenSeam,
+    UseReport,
+    Verdict,
     check_template,
 )
 from agentrl.tokenization.trajectory import (
+    SeamEdit,
+    SeamPolicy,
     Segment,
     SegmentKind,
     TemplateNotAppendOnlyError,
@@ -47,6 +59,8 @@ __all__ = [
     "BUILTIN_TEMPLATES",
     "ChatFormat",
     "IssueKind",
+    "SeamEdit",
+    "SeamPolicy",
     "Segment",
     "SegmentKind",
     "TemplateError",
@@ -55,8 +69,11 @@ __all__ = [
     "TemplatePolicy",
     "TemplateReport",
     "TemplateWarning",
+    "TokenSeam",
     "TokenTrajectory",
     "TrajectoryBuilder",
+    "UseReport",
+    "Verdict",
     "builtin_template",
     "check_template",
 ]

@@ -10,13 +10,20 @@ token-in/token-out trajectory needs:
 
 The delta rule. Let ``base`` be a fixed conversation ``[system S, user U, assistant A]`` (or
 ``[user U, assistant A]`` when the template moves the system prompt around, see below) and let
-``cut`` be the offset just past the end-of-turn token that closes ``A`` in ``render(base)``. Then::
+``cut`` be the offset just past the end-of-turn token that closes ``A`` when a user message follows
+it (templates that close a message only when another follows, like plain ChatML, are covered).
+Then::
 
     delta_text(new) = render(base + new, add_generation_prompt=True)[cut:]
 
-after checking that this rendering starts with ``render(base)[:cut]``. Everything the template writes
-after the end-of-turn token (ChatML's ``\\n``) belongs to the delta. The cost does not depend on the
-length of the real conversation.
+after checking that this rendering starts with the base's text up to ``cut``. Everything the template
+writes after the end-of-turn token (ChatML's ``\\n``) belongs to the delta, and whatever it appends
+after the closing of a render (a template that writes its assistant header on every render) is
+ignored. The cost does not depend on the length of the real conversation.
+
+Time. Renders take ``now``: templates that call ``strftime_now`` see that instant (see
+:mod:`agentrl.tokenization.clock`), and their bases are cached per instant. A builder passes its
+episode's start, so one episode renders one date whatever the wall clock does.
 
 Guarantees and assumptions:
 
@@ -32,11 +39,15 @@ Guarantees and assumptions:
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from agentrl.tokenization.clock import clock_freezes, frozen_clock
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -57,8 +68,9 @@ ASSISTANT_SENTINEL = "AGENTRL-ASSISTANT"
 _SYSTEM = {"role": "system", "content": SYSTEM_SENTINEL}
 _USER = {"role": "user", "content": USER_SENTINEL}
 _ASSISTANT = {"role": "assistant", "content": ASSISTANT_SENTINEL}
+_FOLLOW = {"role": "user", "content": "AGENTRL-PROBE"}
 # Messages appended to a candidate base to check that it stays a prefix (tool role optional).
-_PROBES = ([{"role": "user", "content": "AGENTRL-PROBE"}], [{"role": "tool", "content": "PROBE"}])
+_PROBES = ([_FOLLOW], [{"role": "tool", "content": "PROBE"}])
 # Assistant contents whose closing tokens are collected as end-of-turn ids.
 _PROBE_CONTENTS = (
     ASSISTANT_SENTINEL,
@@ -85,7 +97,10 @@ class _Base:
     """The fixed conversation deltas are rendered after, and its text up to the end-of-turn."""
 
     messages: tuple[Message, ...]
-    prefix: str  # render(messages) up to and including the end-of-turn token of the assistant
+    prefix: str  # text up to and including the end-of-turn token of the assistant, when followed
+
+
+_CLOCK_CALL = re.compile(r"""strftime_now\(\s*(["'])(.*?)\1""")
 
 
 class ChatFormat:
@@ -94,7 +109,8 @@ class ChatFormat:
     ``chat_template=None`` uses the tokenizer's template. ``end_of_turn_ids=None`` detects them:
     the added tokens that close assistant turns with plain, tool-calling and reasoning content,
     plus the tokenizer's eos. These are the ids an engine should stop on. Use :meth:`of` to share
-    one instance per (tokenizer, template); instances cache per tool list and are not thread-safe.
+    one instance per (tokenizer, template); instances cache per tool list (and, for templates
+    that read the clock, per instant) and are not thread-safe.
     """
 
     # (id(tokenizer), template) -> format; a format holds its tokenizer, so ids are never reused.
@@ -111,9 +127,21 @@ class ChatFormat:
             raise TemplateError("the tokenizer has no chat template; pass chat_template=")
         self.tokenizer = tokenizer
         self.template = template
+        self.clock_formats: tuple[str, ...] = tuple(
+            dict.fromkeys(m.group(2) for m in _CLOCK_CALL.finditer(template))
+        )
+        """The ``strftime_now`` formats the template calls (empty: it does not read the clock)."""
+        self.reads_clock = "strftime_now" in template
+        if self.reads_clock and not clock_freezes():
+            raise TemplateError(
+                "the template reads the clock (strftime_now) and this transformers version does "
+                "not let agentrl freeze it per episode; renders would change at midnight"
+            )
         self._added = dict(tokenizer.added_tokens_encoder)  # token text -> id
-        self._bases: dict[str, _Base] = {}
-        base = self._base(None)
+        self._bases: dict[tuple[str, datetime.datetime | None], _Base] = {}
+        self._accepted: dict[str, None] = {}  # role skeletons the template renders
+        now = datetime.datetime.now()
+        base = self._base(None, now)
         self.closing = base.prefix[
             base.prefix.rindex(ASSISTANT_SENTINEL) + len(ASSISTANT_SENTINEL) :
         ]
@@ -121,12 +149,15 @@ class ChatFormat:
         self.end_of_turn_id = self._added[self._end_of_turn_text]
         if end_of_turn_ids is None:
             detected = {
-                self._added[self._last_added_token(self.closing_text(c))] for c in _PROBE_CONTENTS
+                self._added[self._last_added_token(self.closing_text(c, now=now))]
+                for c in _PROBE_CONTENTS
             }
             if tokenizer.eos_token_id is not None:
                 detected.add(tokenizer.eos_token_id)
             end_of_turn_ids = detected
         self.end_of_turn_ids = frozenset(end_of_turn_ids)
+        self.added_ids = frozenset(self._added.values())
+        """Ids of the added tokens: text never merges across one."""
 
     @classmethod
     def of(cls, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None) -> ChatFormat:
@@ -145,15 +176,18 @@ class ChatFormat:
         tools: Sequence[Mapping[str, Any]] | None = None,
         *,
         add_generation_prompt: bool = False,
+        now: datetime.datetime | None = None,
     ) -> str:
-        """The template's text for ``messages`` (``tokenizer.apply_chat_template``, untokenized)."""
-        return self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages],
-            tools=[dict(t) for t in tools] if tools else None,
-            chat_template=self.template,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-        )
+        """The template's text for ``messages`` (``tokenizer.apply_chat_template``, untokenized);
+        ``strftime_now`` sees ``now`` (``None``: the wall clock)."""
+        with frozen_clock(now):
+            return self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                tools=[dict(t) for t in tools] if tools else None,
+                chat_template=self.template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+            )
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text`` as at the start of a sequence (no special tokens added)."""
@@ -175,19 +209,30 @@ class ChatFormat:
     # -- the three things a trajectory needs -----------------------------------------------------
 
     def prompt_ids(
-        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        now: datetime.datetime | None = None,
     ) -> list[int]:
-        """Ids of the initial prompt: the template on ``messages`` plus the generation prompt."""
-        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+        """Ids of the initial prompt: the template on ``messages`` plus the generation prompt.
+        Raises :class:`TemplateError` when the template refuses the messages' roles."""
+        self.check_roles(messages, tools, now=now)
+        return self.encode(self.render(messages, tools, add_generation_prompt=True, now=now))
 
     def delta_text(
-        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        now: datetime.datetime | None = None,
     ) -> str:
         """Text the template adds after an assistant's end-of-turn token for ``messages`` (possibly
         none) and the next generation prompt. Raises :class:`TemplateError` when adding them
         changes the rendering of the base conversation."""
-        base = self._base(tools)
-        text = self.render([*base.messages, *messages], tools, add_generation_prompt=True)
+        now = self._instant(now)
+        base = self._base(tools, now)
+        text = self.render([*base.messages, *messages], tools, add_generation_prompt=True, now=now)
         if not text.startswith(base.prefix):
             raise TemplateError(
                 "adding these messages re-renders earlier turns, so no delta exists: "
@@ -196,17 +241,30 @@ class ChatFormat:
         return text[len(base.prefix) :]
 
     def delta_ids(
-        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        now: datetime.datetime | None = None,
     ) -> list[int]:
         """Ids of :meth:`delta_text`, tokenized as right after an end-of-turn token."""
-        return self.encode_after_turn(self.delta_text(messages, tools))
+        return self.encode_after_turn(self.delta_text(messages, tools, now=now))
 
-    def closing_text(self, content: str, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
-        """What the template writes after assistant ``content``, up to and including the first added
-        token. Falls back to the base's closing when the template rewrites ``content``."""
-        lead = list(self._base(tools).messages[:-1])
-        prompt = self.render(lead, tools, add_generation_prompt=True)
-        text = self.render([*lead, {"role": "assistant", "content": content}], tools)
+    def closing_text(
+        self,
+        content: str,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        now: datetime.datetime | None = None,
+    ) -> str:
+        """What the template writes after assistant ``content`` (followed by a user message), up
+        to and including the first added token. Falls back to the base's closing when the
+        template rewrites ``content``."""
+        now = self._instant(now)
+        lead = list(self._base(tools, now).messages[:-1])
+        prompt = self.render(lead, tools, add_generation_prompt=True, now=now)
+        turn = {"role": "assistant", "content": content}
+        text = self.render([*lead, turn, _FOLLOW], tools, add_generation_prompt=True, now=now)
         if text.startswith(prompt + content):
             start = len(prompt) + len(content)
         elif content and (found := text.rfind(content)) >= 0:
@@ -217,28 +275,77 @@ class ChatFormat:
         return self.closing if end is None else text[start:end]
 
     def closing_ids(
-        self, content: str, tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        content: str,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        now: datetime.datetime | None = None,
     ) -> list[int]:
         """Ids of :meth:`closing_text` (encoded on their own; they follow engine tokens)."""
-        return self.encode(self.closing_text(content, tools))
+        return self.encode(self.closing_text(content, tools, now=now))
+
+    def check_roles(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        now: datetime.datetime | None = None,
+    ) -> None:
+        """Raise :class:`TemplateError` if the template refuses to render a conversation with
+        these messages' roles and keys (``raise_exception`` for alternating roles, a missing tool
+        role...). Renders a skeleton (contents replaced) and remembers skeletons that passed, so
+        the cost does not grow with the conversation's text."""
+        skeleton = [{**m, "content": "x"} for m in messages]
+        key = json.dumps([skeleton, tools or None], sort_keys=True, default=str)
+        if key in self._accepted:
+            return
+        try:
+            self.render(skeleton, tools, now=self._instant(now))
+        except Exception as error:
+            roles = [m.get("role") for m in messages]
+            raise TemplateError(
+                f"the chat template refuses a conversation with roles {roles}: "
+                f"{type(error).__name__}: {error}"
+            ) from error
+        if len(self._accepted) >= 4096:
+            self._accepted.clear()
+        self._accepted[key] = None
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _base(self, tools: Sequence[Mapping[str, Any]] | None) -> _Base:
-        key = json.dumps(tools, sort_keys=True, default=str) if tools else ""
+    def _instant(self, now: datetime.datetime | None) -> datetime.datetime | None:
+        """The instant a group of renders shares: ``now``, or the wall clock read once."""
+        if now is None and self.reads_clock:
+            return datetime.datetime.now()
+        return now
+
+    def _base(
+        self, tools: Sequence[Mapping[str, Any]] | None, now: datetime.datetime | None
+    ) -> _Base:
+        key = (
+            json.dumps(tools, sort_keys=True, default=str) if tools else "",
+            self._instant(now) if self.reads_clock else None,
+        )
         if key not in self._bases:
             if len(self._bases) >= 64:
                 self._bases.clear()
-            self._bases[key] = self._choose_base(tools)
+            self._bases[key] = self._choose_base(tools, key[1])
         return self._bases[key]
 
-    def _choose_base(self, tools: Sequence[Mapping[str, Any]] | None) -> _Base:
+    def _choose_base(
+        self, tools: Sequence[Mapping[str, Any]] | None, now: datetime.datetime | None
+    ) -> _Base:
         """The first candidate base that later messages only append to (probed with a user and a
         tool message; a template that rejects the tool role skips that probe)."""
+        refused: Exception | None = None
         for lead in ([_SYSTEM, _USER], [_USER]):
             messages = (*lead, _ASSISTANT)
-            text = self.render(messages, tools)
-            start = text.rfind(ASSISTANT_SENTINEL)
+            try:
+                text = self.render([*messages, _FOLLOW], tools, add_generation_prompt=True, now=now)
+            except Exception as error:  # e.g. a template without a system role
+                refused = error
+                continue
+            start = text.find(ASSISTANT_SENTINEL)
             end = None if start < 0 else self._first_added_token_end(text, start)
             if end is None:
                 raise TemplateError(
@@ -246,16 +353,25 @@ class ChatFormat:
                     "token-exact deltas need one (e.g. <|im_end|>, </s>, <|eot_id|>)"
                 )
             prefix = text[:end]
-            if all(self._appends(messages, probe, tools, prefix) for probe in _PROBES):
+            if all(self._appends(messages, probe, tools, prefix, now) for probe in _PROBES):
                 return _Base(messages, prefix)
+        if refused is not None:
+            raise TemplateError(
+                f"the template refuses the base conversation: {type(refused).__name__}: {refused}"
+            )
         raise TemplateError("every base conversation is re-rendered when messages are added")
 
-    def _appends(self, base: Sequence[Message], probe: list[dict], tools: Any, prefix: str) -> bool:
-        import jinja2
-
+    def _appends(
+        self,
+        base: Sequence[Message],
+        probe: list[dict],
+        tools: Any,
+        prefix: str,
+        now: datetime.datetime | None,
+    ) -> bool:
         try:
-            text = self.render([*base, *probe], tools, add_generation_prompt=True)
-        except jinja2.TemplateError:  # raise_exception(...): a template without a tool role
+            text = self.render([*base, *probe], tools, add_generation_prompt=True, now=now)
+        except Exception:  # raise_exception(...): a template without a tool role
             return probe[0]["role"] == "tool"
         return text.startswith(prefix)
 

@@ -14,8 +14,23 @@
   If the turn did not end with an end-of-turn id (finish reason "length" or "abort"), the template's
   closing for the turn's text (normally the end-of-turn token alone) is appended first, mask 0.
 * Everything not produced by the engine has loss mask 0, log-prob 0.0 and version -1.
-* Earlier ids are never changed. For an append-only template, the ids at every generation point
-  decode to the template's rendering of the conversation so far.
+* Earlier ids are never changed (except by ``seams="reencode"``, below). For an append-only
+  template, the ids at every generation point decode to the template's rendering of the
+  conversation so far, and equal its encoding wherever the engine's ids are the tokenizer's own.
+* Every render of one episode sees the episode's start (``now``) as the current time, so templates
+  that print the date or the clock stay consistent across midnight.
+* A conversation whose roles the template refuses (``raise_exception`` for alternating roles, no
+  tool role...) raises :class:`~agentrl.tokenization.TemplateError` before anything is appended.
+
+Token seams. Where a generation prompt ends in text the tokenizer would merge with the generated
+text (Llama 3's ``<|end_header_id|>\\n\\n`` is one ``\\n\\n`` token at the end of a prompt and two
+``\\n`` tokens once text follows), the engine's ids differ from a full re-encode although the text
+is equal. ``seams="keep"`` (default) keeps what the engine saw. ``seams="reencode"`` re-encodes
+the few ids around the boundary as a full render would, as a ``SEAM`` segment (mask 0), and
+records each edit in :attr:`TokenTrajectory.seams`. Trade-off: the trajectory then equals a
+re-render (SFT data, evaluation, prefix caches keyed on renders), but the ids before the seam are
+no longer exactly what the engine was fed, and engine tokens inside a seam lose their loss (they
+are counted in ``mismatch/seam_engine_tokens``).
 
 Templates that are not append-only (:func:`~agentrl.tokenization.check_template`) are handled by
 :class:`TemplatePolicy`, never silently.
@@ -23,9 +38,9 @@ Templates that are not append-only (:func:`~agentrl.tokenization.check_template`
 
 from __future__ import annotations
 
+import datetime
 import enum
 import warnings
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,9 +59,14 @@ class TemplatePolicy(enum.StrEnum):
     ``KEEP`` (default): keep the token-exact sequence the engine saw and emit one
     :class:`TemplateWarning` per template naming the problems. The trajectory then differs from a
     from-scratch render of the final conversation (earlier reasoning still present, the system
-    prompt where it first was...): what the trainer scores is what the engine saw, but an SFT or
-    evaluation pipeline that re-renders conversations will see other tokens.
-    ``STRICT``: refuse the template; the constructor raises :class:`TemplateNotAppendOnlyError`.
+    prompt where it first was, token seams...): what the trainer scores is what the engine saw,
+    but an SFT or evaluation pipeline that re-renders conversations will see other tokens.
+    ``STRICT``: refuse the template unless the builder's ids equal a full render (token seams are
+    accepted with ``seams="reencode"``); the constructor raises
+    :class:`TemplateNotAppendOnlyError`.
+
+    A template that cannot be used at all for the episode's kind of conversation (it raises for
+    its roles) is refused under both policies.
     """
 
     KEEP = "keep"
@@ -57,11 +77,18 @@ class TemplateWarning(UserWarning):
     """A trajectory will keep tokens that a from-scratch render of the conversation would change."""
 
 
+class SeamPolicy(enum.StrEnum):
+    """What a builder does at a token seam (see the module docstring)."""
+
+    KEEP = "keep"  # the engine's ids, as fed and sampled
+    REENCODE = "reencode"  # the ids a full render gives, recorded in TokenTrajectory.seams
+
+
 class TemplateNotAppendOnlyError(TemplateError):
     """Raised under ``TemplatePolicy.STRICT``; ``report`` says where the template re-renders."""
 
-    def __init__(self, report: TemplateReport):
-        super().__init__(f"chat template is not append-only:\n{report.describe()}")
+    def __init__(self, report: TemplateReport, use: str | None = None):
+        super().__init__(f"chat template is not append-only:\n{report.describe(use)}")
         self.report = report
 
 
@@ -72,6 +99,7 @@ class SegmentKind(enum.StrEnum):
     COMPLETION = "completion"  # engine output, mask 1
     CLOSING = "closing"  # end-of-turn added after a truncated completion, mask 0
     DELTA = "delta"  # environment messages plus the generation prompt, mask 0
+    SEAM = "seam"  # ids re-encoded across a prompt/completion boundary (seams="reencode"), mask 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +111,17 @@ class Segment:
     end: int
 
 
+@dataclass(frozen=True)
+class SeamEdit:
+    """Ids ``[start, end)`` were re-encoded at a token seam; the engine had ``replaced`` there, of
+    which the last ``engine_tokens`` were sampled by it (their loss and log-probs are dropped)."""
+
+    start: int
+    end: int
+    replaced: tuple[int, ...]
+    engine_tokens: int
+
+
 @dataclass
 class TokenTrajectory:
     """The trainer's record of one episode, token-aligned: four lists of equal length.
@@ -90,6 +129,7 @@ class TokenTrajectory:
     ``loss_mask`` is 1 exactly on engine-produced ids (the ``COMPLETION`` segments), ``logprobs``
     holds the engine's log-prob there and 0.0 elsewhere, ``versions`` the weight version there and
     -1 elsewhere. ``segments`` cover ``[0, len)`` in order. The constructor checks all of this.
+    ``seams`` lists the re-encoded seams (only with ``seams="reencode"``).
     """
 
     input_ids: list[int]
@@ -98,6 +138,7 @@ class TokenTrajectory:
     versions: list[int]
     prompt_length: int
     segments: list[Segment] = field(default_factory=list)
+    seams: list[SeamEdit] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -125,7 +166,7 @@ class TokenTrajectory:
     @classmethod
     def empty(cls) -> TokenTrajectory:
         """No ids at all (an episode that failed before its first prompt)."""
-        return cls([], [], [], [], 0, [])
+        return cls([], [], [], [], 0, [], [])
 
     def to_dict(self) -> dict[str, Any]:
         """Plain lists and ints (JSON / Parquet ready); :meth:`from_dict` inverts it."""
@@ -137,6 +178,15 @@ class TokenTrajectory:
             "prompt_length": self.prompt_length,
             "segments": [
                 {"kind": s.kind.value, "start": s.start, "end": s.end} for s in self.segments
+            ],
+            "seams": [
+                {
+                    "start": e.start,
+                    "end": e.end,
+                    "replaced": list(e.replaced),
+                    "engine_tokens": e.engine_tokens,
+                }
+                for e in self.seams
             ],
         }
 
@@ -152,6 +202,15 @@ class TokenTrajectory:
                 Segment(SegmentKind(s["kind"]), int(s["start"]), int(s["end"]))
                 for s in data.get("segments") or ()
             ],
+            seams=[
+                SeamEdit(
+                    int(e["start"]),
+                    int(e["end"]),
+                    tuple(int(x) for x in e["replaced"]),
+                    int(e["engine_tokens"]),
+                )
+                for e in data.get("seams") or ()
+            ],
         )
 
 
@@ -161,7 +220,7 @@ class _State(enum.Enum):
     TURN_ENDED = "the last completion ended with an end-of-turn id"
 
 
-_warned: weakref.WeakSet[ChatFormat] = weakref.WeakSet()
+_warned: set[tuple[ChatFormat, str]] = set()
 
 
 class TrajectoryBuilder:
@@ -169,6 +228,8 @@ class TrajectoryBuilder:
 
     ``tokenizer`` is a tokenizer (its chat template, or ``chat_template`` when given) or a
     :class:`ChatFormat`. ``tools`` are OpenAI-style schemas passed to the template on every render.
+    ``now`` is the instant every render of the episode sees (default: when the builder is made).
+    ``policy`` and ``seams``: see :class:`TemplatePolicy` and :class:`SeamPolicy`.
     """
 
     def __init__(
@@ -179,26 +240,58 @@ class TrajectoryBuilder:
         *,
         policy: TemplatePolicy | str = TemplatePolicy.KEEP,
         chat_template: str | None = None,
+        now: datetime.datetime | None = None,
+        seams: SeamPolicy | str = SeamPolicy.KEEP,
     ):
         if isinstance(tokenizer, ChatFormat):
             if chat_template is not None:
                 raise ValueError("pass chat_template= with a tokenizer, not with a ChatFormat")
-            self.format = tokenizer
+            fmt = tokenizer
         else:
-            self.format = ChatFormat.of(tokenizer, chat_template)
+            fmt = ChatFormat.of(tokenizer, chat_template)
+        self.policy = TemplatePolicy(policy)
+        self.seams = SeamPolicy(seams)
+        _apply_policy(fmt, "tools" if tools else "plain", self.policy, self.seams)
+        self._checked = True
+        self._start(fmt, messages, tools, now)
+
+    @classmethod
+    def _unchecked(
+        cls,
+        fmt: ChatFormat,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None,
+        now: datetime.datetime | None,
+        seams: SeamPolicy,
+    ) -> TrajectoryBuilder:
+        """A builder that skips the template check (the checker's own simulation)."""
+        builder = cls.__new__(cls)
+        builder.policy, builder.seams, builder._checked = TemplatePolicy.KEEP, seams, False
+        builder._start(fmt, messages, tools, now)
+        return builder
+
+    def _start(
+        self,
+        fmt: ChatFormat,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None,
+        now: datetime.datetime | None,
+    ) -> None:
         if not messages:
             raise ValueError("a trajectory starts from at least one message")
-        _apply_policy(self.format, TemplatePolicy(policy))
+        self.format = fmt
+        self.now = now if now is not None else datetime.datetime.now()
         self.tools = [dict(t) for t in tools] if tools else None
         self._messages: list[dict[str, Any]] = [dict(m) for m in messages]
-        self._ids = self.format.prompt_ids(self._messages, self.tools)
+        self._ids = fmt.prompt_ids(self._messages, self.tools, now=self.now)
         self._mask = [0] * len(self._ids)
         self._logprobs = [0.0] * len(self._ids)
         self._versions = [-1] * len(self._ids)
         self._segments = [Segment(SegmentKind.PROMPT, 0, len(self._ids))]
+        self._seams: list[SeamEdit] = []
         self._prompt_length = len(self._ids)
         self._state = _State.GENERATE
-        self._turn_start = 0  # first id of the current assistant turn
+        self._turn_ids: list[int] = []  # the engine's ids of the current assistant turn
         self._turn_texts: list[str] | None = []  # None once a piece came without text
 
     @property
@@ -239,15 +332,19 @@ class TrajectoryBuilder:
             raise ValueError(f"{len(token_ids)} token ids but {len(versions)} weight versions")
         if any(v < 0 for v in versions):
             raise ValueError(f"weight versions must be >= 0, got {version}")
-        if self._state is _State.GENERATE:
-            self._turn_start, self._turn_texts = len(self._ids), []
+        first_piece = self._state is _State.GENERATE
+        if first_piece:
+            self._turn_ids, self._turn_texts = [], []
         start = len(self._ids)
         self._ids.extend(int(t) for t in token_ids)
         self._mask.extend([1] * len(token_ids))
         self._logprobs.extend(float(p) for p in logprobs)
         self._versions.extend(int(v) for v in versions)
+        self._turn_ids.extend(int(t) for t in token_ids)
         if len(token_ids):
             self._segments.append(Segment(SegmentKind.COMPLETION, start, len(self._ids)))
+            if first_piece and self.seams is SeamPolicy.REENCODE:
+                self._reencode_seam(start)
         if self._turn_texts is not None:
             self._turn_texts = None if text is None else [*self._turn_texts, text]
         ended = len(token_ids) > 0 and int(token_ids[-1]) in self.format.end_of_turn_ids
@@ -256,19 +353,26 @@ class TrajectoryBuilder:
     def add_messages(self, messages: Sequence[Message]) -> None:
         """Append env ``messages`` (tool results, feedback; possibly none) as delta ids plus the
         generation prompt, mask 0, closing a truncated turn first. Raises
-        :class:`~agentrl.tokenization.TemplateError` if the template re-renders earlier turns
-        for these messages (no delta exists)."""
+        :class:`~agentrl.tokenization.TemplateError`, appending nothing, if the template refuses
+        the conversation's roles or re-renders earlier turns for these messages."""
         if self._state is _State.GENERATE:
             raise RuntimeError("add_messages must follow a completion")
+        if not messages and self._checked:
+            _apply_policy(self.format, "no_reply", self.policy, self.seams)
         assistant = self._assistant_message()
-        delta = self.format.delta_ids(messages, self.tools)
+        new = [dict(m) for m in messages]
+        # the roles so far plus the assistant turn the generation prompt opens
+        upcoming = {"role": "assistant", "content": ""}
+        self.format.check_roles(
+            [*self._messages, assistant, *new, upcoming], self.tools, now=self.now
+        )
+        delta = self.format.delta_ids(new, self.tools, now=self.now)
         if self._state is _State.IN_TURN:
-            self._append_template(
-                SegmentKind.CLOSING, self.format.closing_ids(assistant["content"], self.tools)
-            )
+            closing = self.format.closing_ids(assistant["content"], self.tools, now=self.now)
+            self._append_template(SegmentKind.CLOSING, closing)
         self._append_template(SegmentKind.DELTA, delta)
         self._messages.append(assistant)
-        self._messages.extend(dict(m) for m in messages)
+        self._messages.extend(new)
         self._state = _State.GENERATE
 
     @property
@@ -281,6 +385,7 @@ class TrajectoryBuilder:
             versions=list(self._versions),
             prompt_length=self._prompt_length,
             segments=list(self._segments),
+            seams=list(self._seams),
         )
 
     def _append_template(self, kind: SegmentKind, ids: list[int]) -> None:
@@ -295,26 +400,120 @@ class TrajectoryBuilder:
     def _assistant_message(self) -> dict[str, Any]:
         if self._turn_texts is not None:
             return {"role": "assistant", "content": "".join(self._turn_texts)}
-        end = len(self._ids) - (self._state is _State.TURN_ENDED)
-        return {
-            "role": "assistant",
-            "content": self.format.decode(self._ids[self._turn_start : end]),
-        }
+        ids = self._turn_ids[:-1] if self._state is _State.TURN_ENDED else self._turn_ids
+        return {"role": "assistant", "content": self.format.decode(ids)}
+
+    def _reencode_seam(self, start: int) -> None:
+        """Re-encode the ids around ``start`` (the first engine id of a turn) as a full render
+        would, when they differ (see the module docstring)."""
+        added = self.format.added_ids
+        tail = start
+        while tail > 0 and self._ids[tail - 1] not in added:
+            tail -= 1
+        window = start
+        while window < len(self._ids) and self._ids[window] not in added:
+            window += 1
+        edit = seam_edit(self.format, self._ids[tail:start], self._ids[start:window])
+        if edit is None:
+            return
+        offset, old_length, new_ids = edit
+        lo, hi = tail + offset, tail + offset + old_length
+        engine_tokens = max(0, hi - start)
+        self._seams.append(SeamEdit(lo, lo + len(new_ids), tuple(self._ids[lo:hi]), engine_tokens))
+        self._ids[lo:hi] = new_ids
+        self._mask[lo:hi] = [0] * len(new_ids)
+        self._logprobs[lo:hi] = [0.0] * len(new_ids)
+        self._versions[lo:hi] = [-1] * len(new_ids)
+        shift = len(new_ids) - old_length
+        segments: list[Segment] = []
+        for segment in self._segments:
+            if segment.end <= lo:
+                segments.append(segment)
+            elif segment.start >= hi:
+                segments.append(Segment(segment.kind, segment.start + shift, segment.end + shift))
+            else:  # cut around the seam
+                if segment.start < lo:
+                    segments.append(Segment(segment.kind, segment.start, lo))
+                if not segments or segments[-1].kind is not SegmentKind.SEAM:
+                    segments.append(Segment(SegmentKind.SEAM, lo, lo + len(new_ids)))
+                if segment.end > hi:
+                    segments.append(Segment(segment.kind, hi + shift, segment.end + shift))
+        self._segments = [s for s in segments if s.end > s.start]
+        if lo < self._prompt_length:
+            self._prompt_length = lo
 
 
-def _apply_policy(fmt: ChatFormat, policy: TemplatePolicy) -> None:
-    from agentrl.tokenization.checker import check_template
+def seam_edit(
+    fmt: ChatFormat, before: Sequence[int], engine: Sequence[int]
+) -> tuple[int, int, list[int]] | None:
+    """How a full render re-encodes template ids ``before`` followed by engine ids ``engine``
+    (neither containing an added token): ``(offset, length, new_ids)`` replacing
+    ``(before + engine)[offset : offset + length]``, or ``None`` when they already agree.
+
+    The seam is cut at the first engine id after which the tokenizer splits the text the same
+    way whatever follows, so engine ids past it are kept as sampled."""
+    if not before or not engine:
+        return None
+    head = fmt.decode(before)
+    whole = fmt.encode(head + fmt.decode(engine))
+    for k in range(1, min(len(engine), 16) + 1):
+        text = fmt.decode(engine[:k])
+        if "\ufffd" in text and k < len(engine):
+            continue
+        left = fmt.encode(head + text)
+        if whole[: len(left)] == left:
+            break
+    else:
+        k, left = len(engine), whole
+    old = [*before, *engine[:k]]
+    if left == old:
+        return None
+    prefix = 0
+    while prefix < min(len(old), len(left)) and old[prefix] == left[prefix]:
+        prefix += 1
+    suffix = 0
+    limit = min(len(old), len(left)) - prefix
+    while suffix < limit and old[-1 - suffix] == left[-1 - suffix]:
+        suffix += 1
+    return prefix, len(old) - prefix - suffix, left[prefix : len(left) - suffix]
+
+
+def _apply_policy(fmt: ChatFormat, use: str, policy: TemplatePolicy, seams: SeamPolicy) -> None:
+    """Refuse, warn about or accept ``fmt`` for ``use`` ("tools", "plain" or "no_reply")."""
+    from agentrl.tokenization.checker import Verdict, check_template
 
     report = check_template(fmt)
-    if report.ok:
+    verdict = report.verdict([use])
+    if verdict is Verdict.APPEND_ONLY:
+        return
+    usage = report.use(use)
+    if verdict is Verdict.UNUSABLE:
+        raise TemplateError(
+            f"the chat template cannot be used for {_USE_NAMES[use]}: "
+            f"{usage.error if usage else report.error}"
+        )
+    if verdict is Verdict.TOKEN_SEAMS and seams is SeamPolicy.REENCODE and usage.reencode_exact:
         return
     if policy is TemplatePolicy.STRICT:
-        raise TemplateNotAppendOnlyError(report)
-    if fmt not in _warned:
-        _warned.add(fmt)
+        raise TemplateNotAppendOnlyError(report, use)
+    if (fmt, use) not in _warned:
+        _warned.add((fmt, use))
+        what = (
+            "keeping the ids the engine saw at token seams (seams='reencode' makes them equal a "
+            "full render)"
+            if verdict is Verdict.TOKEN_SEAMS
+            else "keeping the tokens the engine saw (policy 'keep')"
+        )
         warnings.warn(
-            "chat template is not append-only; keeping the tokens the engine saw "
-            f"(policy 'keep'):\n{report.describe()}",
+            f"chat template is not append-only for {_USE_NAMES[use]}; {what}:\n"
+            f"{report.describe(use)}",
             TemplateWarning,
             stacklevel=3,
         )
+
+
+_USE_NAMES = {
+    "tools": "conversations with tools",
+    "plain": "conversations without tools",
+    "no_reply": "an environment step that returns no messages",
+}

@@ -61,11 +61,11 @@ def test_closing_follows_the_content(formats):
 
 
 def test_base_leaves_out_a_system_prompt_that_moves(formats):
-    assert [m["role"] for m in formats["system_last_user"]._base(None).messages] == [
+    assert [m["role"] for m in formats["system_last_user"]._base(None, None).messages] == [
         "user",
         "assistant",
     ]
-    assert formats["smollm2"]._base(None).messages[0]["role"] == "system"
+    assert formats["smollm2"]._base(None, None).messages[0]["role"] == "system"
 
 
 def test_encode_after_turn_matches_in_context_tokenization(tokenizer, formats):

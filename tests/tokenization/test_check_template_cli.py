@@ -12,6 +12,15 @@ from rich.console import Console
 from agentrl.tokenization import builtin_template
 from agentrl.tokenization.cli import add_arguments, run
 
+# Gemma-style: roles must alternate user/assistant (after an optional system message).
+ALTERNATING = (
+    "{% for m in messages if m['role'] != 'system' %}"
+    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 
 def check(*argv: str) -> tuple[int, str]:
     parser = argparse.ArgumentParser()
@@ -37,17 +46,40 @@ def test_builtin_template_that_rerenders_exits_1(tokenizer, name, kind):
     assert "NOT append-only" in out and f"[{kind}]" in out and "policy" in out.lower()
 
 
-def test_jinja_file_on_the_smollm2_vocabulary(tokenizer, tmp_path):
+def test_jinja_file_with_token_seams_exits_4(tokenizer, tmp_path):
     path = tmp_path / "llama2.jinja"
     path.write_text(builtin_template("system_first_user"))
-    assert check(str(path))[0] == 0
+    status, out = check(str(path))
+    assert status == 4
+    assert "token seams" in out and "[token_seam]" in out and "seams='reencode'" in out
 
 
 def test_json_report(tokenizer):
     status, out = check("reasoning_stripped", "--json")
     report = json.loads(out)
-    assert status == 1 and report["ok"] is False
-    assert {k for issue in report["issues"] for k in issue["kinds"]} == {"reasoning_dropped"}
+    assert status == 1 and report["verdict"] == "not_append_only"
+    issues = [issue for use in report["uses"].values() for issue in use["issues"]]
+    assert {k for issue in issues for k in issue["kinds"]} == {"reasoning_dropped"}
+
+
+def test_unusable_template_exits_3(tokenizer, tmp_path):
+    path = tmp_path / "alternating.jinja"
+    path.write_text(ALTERNATING)
+    status, out = check(str(path))
+    assert status == 3 and "cannot be used" in out and "alternate" in out
+    # without tools (and with an env that always replies) the same template is fine
+    assert check(str(path), "--use", "plain")[0] == 0
+
+
+def test_help_states_what_each_verdict_guarantees(capsys):
+    from agentrl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["check-template", "--help"])
+    out = capsys.readouterr().out
+    for phrase in ("append-only", "(exit 0)", "token seams", "(exit 4)", "(exit 1)", "(exit 3)"):
+        assert phrase in out
+    assert "encode(render(conversation so far))" in out
 
 
 def test_missing_model_exits_2(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from template_cases import template_source
 
-from agentrl.tokenization import ChatFormat, IssueKind, check_template
+from agentrl.tokenization import ChatFormat, IssueKind, Verdict, check_template
 
 CHATML_TAIL = (
     "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -13,11 +13,22 @@ CHATML_TAIL = (
 )
 
 
-@pytest.mark.parametrize("name", ["smollm2", "system_first_user", "tool_role_eom"])
+@pytest.mark.parametrize("name", ["smollm2", "tool_role_eom"])
 def test_append_only_templates_pass(tokenizer, name):
     report = check_template(tokenizer, template_source(name))
-    assert report.ok and report.append_only, report.describe()
+    assert report.ok and report.verdict() is Verdict.APPEND_ONLY, report.describe()
     assert report.describe() == ""
+    assert {use.name for use in report.uses} == {"tools", "plain", "no_reply"}
+
+
+def test_prompt_that_merges_with_the_generated_text_has_token_seams(tokenizer):
+    # "[/INST] " ends the prompt; a full encode merges its space with the first generated word.
+    report = check_template(tokenizer, template_source("system_first_user"))
+    assert report.verdict() is Verdict.TOKEN_SEAMS and not report.ok and not report.issues
+    seam = report.use("tools").seams[0]
+    assert (seam.built, seam.rendered, seam.engine_tokens) == (("Ġ", "<"), ("Ġ<",), 1)
+    assert all(use.reencode_exact for use in report.uses)
+    assert "token_seam" in report.describe() and "'Ġ<'" in report.describe()
 
 
 @pytest.mark.parametrize(
@@ -29,11 +40,14 @@ def test_append_only_templates_pass(tokenizer, name):
 )
 def test_templates_that_rerender_are_flagged_with_their_kind(tokenizer, name, kind, conversations):
     report = check_template(tokenizer, template_source(name))
-    assert not report.ok and not report.append_only
+    assert report.verdict() is Verdict.NOT_APPEND_ONLY and not report.ok
     assert report.kinds == {kind}
-    assert {issue.conversation for issue in report.issues} == conversations
-    issue = report.issues[0]
-    assert issue.message_index == 7 if issue.conversation == "with_system" else 6
+    tools = report.use("tools")
+    assert tools.verdict is Verdict.NOT_APPEND_ONLY
+    assert {issue.conversation for issue in tools.issues} == conversations
+    # the first assistant turn that a later user message rewrites
+    issue = tools.issues[0]
+    assert issue.message_index == 5 if issue.conversation == "with_system" else 4
     assert issue.earlier != issue.later and issue.earlier[:20] == issue.later[:20]
     assert kind.value in report.describe()
 
@@ -60,7 +74,8 @@ def test_generation_prompt_that_the_turn_does_not_start_with(tokenizer):
         + "<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}"
     )
     report = check_template(tokenizer, template)
-    assert IssueKind.ASSISTANT_REWRITTEN in report.kinds and not report.append_only
+    assert IssueKind.ASSISTANT_REWRITTEN in report.kinds
+    assert report.verdict() is Verdict.NOT_APPEND_ONLY
 
 
 def test_turn_counter_gives_context_dependent_deltas(tokenizer):
@@ -71,17 +86,18 @@ def test_turn_counter_gives_context_dependent_deltas(tokenizer):
         "{% else %}" + CHATML_TAIL.replace("{% endfor %}", "{% endif %}{% endfor %}")
     )
     report = check_template(tokenizer, template)
-    assert report.append_only and not report.ok
+    assert report.verdict() is Verdict.NOT_APPEND_ONLY
     assert report.kinds == {IssueKind.CONTEXT_DEPENDENT_DELTA}
 
 
 def test_unusable_template_is_a_verdict_not_a_crash(tokenizer):
     report = check_template(tokenizer, "{% for m in messages %}{{ m['content'] }}{% endfor %}")
     assert report.error and "added token" in report.error
-    assert not report.ok and not report.append_only
+    assert not report.ok and report.verdict() is Verdict.UNUSABLE
 
 
 def test_report_is_cached_per_format(tokenizer):
     fmt = ChatFormat(tokenizer, template_source("reasoning_stripped"))
     assert check_template(fmt) is check_template(fmt)
-    assert check_template(fmt).to_dict()["issues"][0]["kinds"] == ["reasoning_dropped"]
+    issues = check_template(fmt).to_dict()["uses"]["tools"]["issues"]
+    assert issues[0]["kinds"] == ["reasoning_dropped"]
