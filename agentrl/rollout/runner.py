@@ -32,7 +32,7 @@ import numpy as np
 from agentrl.engine_pool import Engine, SamplingParams
 from agentrl.envs import AgentEnv, AgentWrapper
 from agentrl.rollout.trajectory import Trajectory, Turn
-from agentrl.tokenization import TokenTrajectory, TrajectoryBuilder
+from agentrl.tokenization import SeamPolicy, TemplatePolicy, TokenTrajectory, TrajectoryBuilder
 
 EnvMaker = Callable[[], AgentEnv | AgentWrapper]
 
@@ -78,6 +78,8 @@ class EpisodeRunner:
         env_id: str = "",
         max_total_tokens: int = 4096,
         resume_aborted: bool = False,
+        template_policy: TemplatePolicy | str = TemplatePolicy.KEEP,
+        seams: SeamPolicy | str = SeamPolicy.KEEP,
     ):
         self.make_env = make_env
         self.engine = engine
@@ -86,6 +88,8 @@ class EpisodeRunner:
         self.env_id = env_id
         self.max_total_tokens = max_total_tokens
         self.resume_aborted = resume_aborted
+        self.template_policy = TemplatePolicy(template_policy)
+        self.seams = SeamPolicy(seams)
 
     async def run(self, task: RolloutTask) -> Trajectory:
         env = self.make_env()
@@ -100,7 +104,13 @@ class EpisodeRunner:
         except Exception as exc:
             return self._failed(task, "env", exc)
         try:
-            builder = TrajectoryBuilder(self.tokenizer, messages, tools=info.get("tools") or None)
+            builder = TrajectoryBuilder(
+                self.tokenizer,
+                messages,
+                tools=info.get("tools") or None,
+                policy=self.template_policy,
+                seams=self.seams,
+            )
         except Exception as exc:
             return self._failed(task, "tokenization", exc, messages)
         # tokens and messages are taken from the builder once the episode ends, on every path

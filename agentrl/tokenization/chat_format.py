@@ -71,6 +71,12 @@ _ASSISTANT = {"role": "assistant", "content": ASSISTANT_SENTINEL}
 _FOLLOW = {"role": "user", "content": "AGENTRL-PROBE"}
 # Messages appended to a candidate base to check that it stays a prefix (tool role optional).
 _PROBES = ([_FOLLOW], [{"role": "tool", "content": "PROBE"}])
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "probe", "description": "probe", "parameters": {"type": "object"}},
+    }
+]
 # Assistant contents whose closing tokens are collected as end-of-turn ids.
 _PROBE_CONTENTS = (
     ASSISTANT_SENTINEL,
@@ -141,7 +147,12 @@ class ChatFormat:
         self._bases: dict[tuple[str, datetime.datetime | None], _Base] = {}
         self._accepted: dict[str, None] = {}  # role skeletons the template renders
         now = datetime.datetime.now()
-        base = self._base(None, now)
+        try:
+            tools: list[dict] | None = None
+            base = self._base(tools, now)
+        except TemplateError:  # a template that renders only with tools (Hermes 3 tool_use)
+            tools = _PROBE_TOOLS
+            base = self._base(tools, now)
         self.closing = base.prefix[
             base.prefix.rindex(ASSISTANT_SENTINEL) + len(ASSISTANT_SENTINEL) :
         ]
@@ -149,7 +160,7 @@ class ChatFormat:
         self.end_of_turn_id = self._added[self._end_of_turn_text]
         if end_of_turn_ids is None:
             detected = {
-                self._added[self._last_added_token(self.closing_text(c, now=now))]
+                self._added[self._last_added_token(self.closing_text(c, tools, now=now))]
                 for c in _PROBE_CONTENTS
             }
             if tokenizer.eos_token_id is not None:
@@ -233,12 +244,16 @@ class ChatFormat:
         now = self._instant(now)
         base = self._base(tools, now)
         text = self.render([*base.messages, *messages], tools, add_generation_prompt=True, now=now)
-        if not text.startswith(base.prefix):
+        messages_text = "".join(str(m.get("content")) for m in messages)
+        delta = text[len(base.prefix) :]
+        if not text.startswith(base.prefix) or any(
+            m["content"] in delta for m in base.messages if m["content"] not in messages_text
+        ):
             raise TemplateError(
                 "adding these messages re-renders earlier turns, so no delta exists: "
                 f"{[m.get('role') for m in messages]}; run `agentrl check-template`"
             )
-        return text[len(base.prefix) :]
+        return delta
 
     def delta_ids(
         self,
@@ -353,7 +368,12 @@ class ChatFormat:
                     "token-exact deltas need one (e.g. <|im_end|>, </s>, <|eot_id|>)"
                 )
             prefix = text[:end]
-            if all(self._appends(messages, probe, tools, prefix, now) for probe in _PROBES):
+            # every base message must be written before the cut: one written later (a system
+            # prompt moved into the last user turn) would leak into every delta
+            kept = all(m["content"] in prefix for m in lead)
+            if kept and all(
+                self._appends(messages, probe, tools, prefix, now) for probe in _PROBES
+            ):
                 return _Base(messages, prefix)
         if refused is not None:
             raise TemplateError(

@@ -230,6 +230,15 @@ class UseReport:
     seams: tuple[TokenSeam, ...] = ()
     reencode_exact: bool = True  # with seams="reencode" the builder's ids equal the renders
     error: str | None = None
+    conversations: tuple[tuple[str, Verdict], ...] = ()  # the verdict of each sample conversation
+
+    def verdict_for(self, system: bool | None = None) -> Verdict:
+        """The verdict for episodes that start with a system message (``system=True``) or
+        without one; ``None``: the use's verdict (the most severe)."""
+        if system is None:
+            return self.verdict
+        name = "with_system" if system else "without_system"
+        return next((v for c, v in self.conversations if c == name), self.verdict)
 
     def describe(self) -> str:
         lines = [f"{self.name}: {self.verdict.value}"]
@@ -266,12 +275,13 @@ class TemplateReport:
     def use(self, name: str) -> UseReport | None:
         return next((u for u in self.uses if u.name == name), None)
 
-    def verdict(self, uses: Sequence[str] | None = None) -> Verdict:
-        """The most severe verdict over ``uses`` (default: all); ``UNUSABLE`` on an error."""
+    def verdict(self, uses: Sequence[str] | None = None, system: bool | None = None) -> Verdict:
+        """The most severe verdict over ``uses`` (default: all), for episodes with or without a
+        system message (``system``; default: both); ``UNUSABLE`` on an error."""
         if self.error is not None:
             return Verdict.UNUSABLE
-        chosen = [u for u in self.uses if uses is None or u.name in uses]
-        return max((u.verdict for u in chosen), key=lambda v: v.severity, default=Verdict.UNUSABLE)
+        chosen = [u.verdict_for(system) for u in self.uses if uses is None or u.name in uses]
+        return max(chosen, key=lambda v: v.severity, default=Verdict.UNUSABLE)
 
     @property
     def ok(self) -> bool:
@@ -310,6 +320,7 @@ class TemplateReport:
             "uses": {
                 u.name: {
                     "verdict": u.verdict.value,
+                    "conversations": {c: v.value for c, v in u.conversations},
                     "error": u.error,
                     "reencode_exact": u.reencode_exact,
                     "issues": [
@@ -360,12 +371,15 @@ def _check(fmt: ChatFormat) -> TemplateReport:
     uses = tuple(_check_use(fmt, name, use) for name, use in USES.items())
     now = CHECK_INSTANT
     first_user = [_TURNS[0]]
-    bare = fmt.render(first_user, now=now)
-    prompt = fmt.render(first_user, add_generation_prompt=True, now=now)
+    tools = None if _try_render(fmt, first_user, None, now) is not None else SAMPLE_TOOLS
+    bare = fmt.render(first_user, tools, now=now)
+    prompt = fmt.render(first_user, tools, add_generation_prompt=True, now=now)
     with_tools = _try_render(fmt, SAMPLE_CONVERSATIONS["with_system"][:2], SAMPLE_TOOLS, now)
-    sample = [_SYSTEM_MESSAGE, *_PLAIN_TURNS]
-    time_dependent = fmt.reads_clock and _try_render(fmt, sample, None, now) != _try_render(
-        fmt, sample, None, _OTHER_INSTANT
+    time_dependent = fmt.reads_clock and any(
+        _try_render(fmt, sample, tools, now) != _try_render(fmt, sample, tools, _OTHER_INSTANT)
+        for use in USES.values()
+        for sample in use.conversations.values()
+        for tools in (use.tools,)
     )
     return TemplateReport(
         end_of_turn_tokens=tuple(
@@ -391,18 +405,32 @@ def _try_render(
 def _check_use(fmt: ChatFormat, name: str, use: _Use) -> UseReport:
     issues: list[TemplateIssue] = []
     seams: list[TokenSeam] = []
+    verdicts: list[tuple[str, Verdict]] = []
+    errors: list[str] = []
     exact = True
     try:
         fmt.closing_text(ASSISTANT_SENTINEL, use.tools, now=CHECK_INSTANT)
     except TemplateError as error:  # no fixed base conversation: no delta can be rendered
-        return UseReport(name, Verdict.UNUSABLE, error=f"no delta can be rendered: {error}")
+        unusable = tuple((c, Verdict.UNUSABLE) for c in use.conversations)
+        return UseReport(
+            name,
+            Verdict.UNUSABLE,
+            error=f"no delta can be rendered: {error}",
+            conversations=unusable,
+        )
     for conversation_name, conversation in use.conversations.items():
+        # the renders an episode needs: every generation point, and the whole conversation
+        points = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
         try:
-            for i in range(len(conversation)):
-                fmt.render(conversation[: i + 1], use.tools, now=CHECK_INSTANT)
+            for end in [*points, len(conversation)]:
+                fmt.render(
+                    conversation[:end], use.tools, add_generation_prompt=True, now=CHECK_INSTANT
+                )
         except Exception as error:
-            detail = f"{conversation_name}, messages 0..{i}: {type(error).__name__}: {error}"
-            return UseReport(name, Verdict.UNUSABLE, error=f"the template raises for {detail}")
+            detail = f"{conversation_name}, messages 0..{end - 1}: {type(error).__name__}: {error}"
+            errors.append(f"the template raises for {detail}")
+            verdicts.append((conversation_name, Verdict.UNUSABLE))
+            continue
         text_issues = _check_conversation(fmt, conversation_name, conversation, use.tools)
         found, new_seams, reencode_exact = _simulate(
             fmt, conversation_name, conversation, use.tools
@@ -410,13 +438,22 @@ def _check_use(fmt: ChatFormat, name: str, use: _Use) -> UseReport:
         issues.extend(text_issues or found)
         seams.extend(new_seams)
         exact = exact and reencode_exact
-    if issues:
-        verdict = Verdict.NOT_APPEND_ONLY
-    elif seams or not exact:
-        verdict = Verdict.TOKEN_SEAMS
-    else:
-        verdict = Verdict.APPEND_ONLY
-    return UseReport(name, verdict, tuple(issues), tuple(seams), exact)
+        if text_issues or found:
+            verdicts.append((conversation_name, Verdict.NOT_APPEND_ONLY))
+        elif new_seams or not reencode_exact:
+            verdicts.append((conversation_name, Verdict.TOKEN_SEAMS))
+        else:
+            verdicts.append((conversation_name, Verdict.APPEND_ONLY))
+    verdict = max((v for _, v in verdicts), key=lambda v: v.severity)
+    return UseReport(
+        name,
+        verdict,
+        tuple(issues),
+        tuple(seams),
+        exact,
+        "; ".join(errors) or None,
+        tuple(verdicts),
+    )
 
 
 def _simulate(

@@ -53,8 +53,10 @@ verdicts, per use (the exit status is the most severe over the uses checked):
   (exit 2: the model, tokenizer or file cannot be loaded)
 
 uses: tools (tool schemas, tool calls, two tool results in a row, reasoning), plain (no tools),
-no_reply (an environment step that returns no messages). A builder with tools is judged by
-'tools', one without by 'plain', an empty add_messages() by 'no_reply'.
+no_reply (an environment step that returns no messages); each with and without a system
+message. A builder with tools is judged by 'tools', one without by 'plain', an empty
+add_messages() by 'no_reply', each for the sample conversation with (or without) a system
+message as its episode has.
 Not covered: behaviour the samples do not trigger (counters beyond three user turns, keys other
 than role/content/name). Templates that print the date or time are reported as time-dependent;
 builders render each episode at its start time, so they stay exact across midnight."""
@@ -166,6 +168,9 @@ def _print_report(console: Console, name: str, report: TemplateReport, uses: lis
         console.print(
             Text.assemble(f"use {use.name}: ", (text, style), f"  ({USES[use.name].description})")
         )
+        if len({v for _, v in use.conversations}) > 1:
+            per = "; ".join(f"{c}: {_VERDICT_TEXT[v][0]}" for c, v in use.conversations)
+            console.print(Text(f"    by sample conversation: {per}"))
         if use.error:
             console.print(Text(f"    {use.error}"))
         for issue in use.issues:

@@ -220,7 +220,7 @@ class _State(enum.Enum):
     TURN_ENDED = "the last completion ended with an end-of-turn id"
 
 
-_warned: set[tuple[ChatFormat, str]] = set()
+_warned: set[tuple[ChatFormat, str, bool]] = set()
 
 
 class TrajectoryBuilder:
@@ -251,7 +251,8 @@ class TrajectoryBuilder:
             fmt = ChatFormat.of(tokenizer, chat_template)
         self.policy = TemplatePolicy(policy)
         self.seams = SeamPolicy(seams)
-        _apply_policy(fmt, "tools" if tools else "plain", self.policy, self.seams)
+        self._system = bool(messages) and messages[0].get("role") == "system"
+        _apply_policy(fmt, "tools" if tools else "plain", self.policy, self.seams, self._system)
         self._checked = True
         self._start(fmt, messages, tools, now)
 
@@ -358,7 +359,7 @@ class TrajectoryBuilder:
         if self._state is _State.GENERATE:
             raise RuntimeError("add_messages must follow a completion")
         if not messages and self._checked:
-            _apply_policy(self.format, "no_reply", self.policy, self.seams)
+            _apply_policy(self.format, "no_reply", self.policy, self.seams, self._system)
         assistant = self._assistant_message()
         new = [dict(m) for m in messages]
         # the roles so far plus the assistant turn the generation prompt opens
@@ -478,12 +479,15 @@ def seam_edit(
     return prefix, len(old) - prefix - suffix, left[prefix : len(left) - suffix]
 
 
-def _apply_policy(fmt: ChatFormat, use: str, policy: TemplatePolicy, seams: SeamPolicy) -> None:
-    """Refuse, warn about or accept ``fmt`` for ``use`` ("tools", "plain" or "no_reply")."""
+def _apply_policy(
+    fmt: ChatFormat, use: str, policy: TemplatePolicy, seams: SeamPolicy, system: bool
+) -> None:
+    """Refuse, warn about or accept ``fmt`` for ``use`` ("tools", "plain" or "no_reply") in
+    episodes with (or without) a system message."""
     from agentrl.tokenization.checker import Verdict, check_template
 
     report = check_template(fmt)
-    verdict = report.verdict([use])
+    verdict = report.verdict([use], system)
     if verdict is Verdict.APPEND_ONLY:
         return
     usage = report.use(use)
@@ -492,12 +496,13 @@ def _apply_policy(fmt: ChatFormat, use: str, policy: TemplatePolicy, seams: Seam
             f"the chat template cannot be used for {_USE_NAMES[use]}: "
             f"{usage.error if usage else report.error}"
         )
-    if verdict is Verdict.TOKEN_SEAMS and seams is SeamPolicy.REENCODE and usage.reencode_exact:
+    exact = usage is not None and usage.reencode_exact
+    if verdict is Verdict.TOKEN_SEAMS and seams is SeamPolicy.REENCODE and exact:
         return
     if policy is TemplatePolicy.STRICT:
         raise TemplateNotAppendOnlyError(report, use)
-    if (fmt, use) not in _warned:
-        _warned.add((fmt, use))
+    if (fmt, use, system) not in _warned:
+        _warned.add((fmt, use, system))
         what = (
             "keeping the ids the engine saw at token seams (seams='reencode' makes them equal a "
             "full render)"

@@ -168,6 +168,8 @@ class Trainer:
                 env_id=cfg.env.id,
                 max_total_tokens=cfg.rollout.max_total_tokens,
                 resume_aborted=True,
+                template_policy=cfg.rollout.template_policy,
+                seams=cfg.rollout.token_seams,
             )
             self.stream = RolloutStream(
                 runner,

@@ -141,6 +141,12 @@ def _episode_metrics(episodes: Sequence[Trajectory], groups: int) -> dict[str, f
         "episodes/turns_mean": sum(len(t.turns) for t in episodes) / n,
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
+        # token seams re-encoded by TrajectoryBuilder(seams="reencode"): ids that differ from what
+        # the engine was fed, and engine-sampled ids whose loss was dropped there
+        "mismatch/seam_edits": float(sum(len(t.tokens.seams) for t in episodes)),
+        "mismatch/seam_engine_tokens": float(
+            sum(e.engine_tokens for t in episodes for e in t.tokens.seams)
+        ),
         "response_length/clip_fraction": sum(
             bool(t.turns) and t.turns[-1].finish_reason == "length" for t in episodes
         )

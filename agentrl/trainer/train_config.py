@@ -64,6 +64,15 @@ class RolloutConfig(Config):
     mismatch (logged; corrected by TIS/MIS)."""
     prefix_cache_tokens: int = Field(8192, ge=0)
     """The embedded engine's prefix cache budget in tokens (0 disables it)."""
+    template_policy: Literal["keep", "strict"] = "keep"
+    """A chat template that is not append-only (``agentrl check-template``): ``keep`` the tokens
+    the engine saw, with a warning, or ``strict``: refuse it (each episode then ends with a
+    ``tokenization:`` error naming the problem). Templates that cannot be used are refused
+    under both."""
+    token_seams: Literal["keep", "reencode"] = "keep"
+    """Where a full encode splits a prompt/completion boundary differently (token seams):
+    ``keep`` the engine's ids, or ``reencode`` them as a full render would (the seam's ids leave
+    the loss; counted in ``mismatch/seam_edits`` and ``mismatch/seam_engine_tokens``)."""
 
 
 class AlgorithmConfig(Config):

@@ -84,6 +84,7 @@ def test_real_tokenizer_leaves_the_shared_base_alone(
     existing = tokenizer.added_tokens_encoder
     for marker in template.special_tokens:
         marker_id = real.convert_tokens_to_ids(marker)
+        assert isinstance(marker_id, int), marker
         if marker in existing:
             assert marker_id == existing[marker], marker
         else:

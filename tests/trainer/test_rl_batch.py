@@ -74,3 +74,23 @@ def test_a_batch_with_nothing_to_train_on_is_empty_not_an_error():
     groups = [[episode(0, 0, 1.0, error="engine: dead")]]
     batch = build_batch(groups, AlgorithmConfig(), StreamConfig(), 0)
     assert batch.sequences == [] and batch.metrics["batch/sequences"] == 0
+
+
+def test_reencoded_token_seams_are_counted_in_the_mismatch_metrics(tokenizer):
+    from agentrl.tokenization import TrajectoryBuilder, builtin_template
+
+    # "[/INST] " + "Hi": the seam takes the engine's first token
+    builder = TrajectoryBuilder(
+        tokenizer,
+        [{"role": "user", "content": "x"}],
+        chat_template=builtin_template("system_first_user"),
+        seams="reencode",
+    )
+    ids = [*tokenizer.encode("Hi there", add_special_tokens=False), 0]
+    builder.add_completion(ids, [-0.5] * len(ids), 0)
+    tokens = builder.trajectory
+    seamed = Trajectory("t", 0, 0, 0, tokens, [], reward=1.0)
+    batch = build_batch([[seamed, episode(0, 1, 0.0)]], AlgorithmConfig(), StreamConfig(), 0)
+    assert batch.metrics["mismatch/seam_edits"] == 1
+    assert batch.metrics["mismatch/seam_engine_tokens"] == 1
+    assert batch.sequences[0]["loss_mask"].count(1) == len(ids) - 1
