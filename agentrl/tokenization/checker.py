@@ -81,7 +81,7 @@ _TURNS: list[Message] = [
     {"role": "user", "content": "AGENTRL-USER-2: and 5-1?"},
     {"role": "assistant", "content": _thinking(3, _call("5-1"))},
     {"role": "tool", "name": "calculator", "content": "4"},
-    {"role": "assistant", "content": _thinking(4, "Also 4.")},
+    {"role": "assistant", "content": _thinking(4, "Also 4.\n")},  # engines end with newlines
     {"role": "user", "content": "AGENTRL-USER-3: thanks!"},
     {"role": "assistant", "content": _thinking(5, "You're welcome.")},
     _END,
@@ -90,7 +90,7 @@ _PLAIN_TURNS: list[Message] = [
     {"role": "user", "content": "AGENTRL-USER-1: what is 2+2?"},
     {"role": "assistant", "content": _thinking(1, "4.")},
     {"role": "user", "content": "AGENTRL-USER-2: and 5-1?"},
-    {"role": "assistant", "content": "Also 4."},
+    {"role": "assistant", "content": "Also 4.\n"},
     {"role": "user", "content": "AGENTRL-USER-3: thanks!"},
     {"role": "assistant", "content": _thinking(3, "You're welcome.")},
     _END,
@@ -98,7 +98,7 @@ _PLAIN_TURNS: list[Message] = [
 _NO_REPLY_TURNS: list[Message] = [
     {"role": "user", "content": "AGENTRL-USER-1: count to two, one turn per number."},
     {"role": "assistant", "content": _thinking(1, "One.")},
-    {"role": "assistant", "content": "Two."},
+    {"role": "assistant", "content": "Two.\n"},
     {"role": "user", "content": "AGENTRL-USER-2: thanks!"},
     {"role": "assistant", "content": "You're welcome."},
     _END,
@@ -167,6 +167,7 @@ class IssueKind(enum.StrEnum):
 
     SYSTEM_MOVED = "system_moved"  # the system prompt moved into (or out of) a user turn
     TOOLS_MOVED = "tools_moved"  # the tool schemas moved (e.g. written before the last user turn)
+    WHITESPACE_CHANGED = "whitespace_changed"  # only whitespace differs (a template that trims)
     REASONING_DROPPED = "reasoning_dropped"  # earlier <think> blocks are removed
     ASSISTANT_REWRITTEN = "assistant_rewritten"  # turn != generation prompt + generated text
     CONTEXT_DEPENDENT_DELTA = "context_dependent_delta"  # delta after a fixed base is different
@@ -627,6 +628,8 @@ def _issue(
             kinds.append(IssueKind.SYSTEM_MOVED)
         if earlier.find(TOOL_SENTINEL) != later.find(TOOL_SENTINEL):
             kinds.append(IssueKind.TOOLS_MOVED)
+        if not kinds and _without_space(later).startswith(_without_space(earlier)):
+            kinds.append(IssueKind.WHITESPACE_CHANGED)
         if not kinds:
             kinds.append(IssueKind.ASSISTANT_REWRITTEN if stage == "turn" else IssueKind.OTHER)
     window = slice(max(0, at - 40), at + 80)
@@ -638,6 +641,10 @@ def _issue(
         earlier=earlier[window],
         later=later[window],
     )
+
+
+def _without_space(text: str) -> str:
+    return "".join(text.split())
 
 
 def _first_difference(a: str, b: str) -> int:

@@ -20,11 +20,11 @@ texts = st.one_of(
 
 
 @st.composite
-def assistant_turns(draw) -> tuple[str, int]:
-    """Assistant text with optional <think> and 0-2 Hermes tool calls, and the call count."""
+def assistant_turns(draw, max_calls: int = 2) -> tuple[str, int]:
+    """Assistant text with optional <think> and 0-``max_calls`` Hermes tool calls, and the count."""
     parts = [f"<think>\n{draw(texts)}\n</think>\n\n"] if draw(st.booleans()) else []
     parts.append(draw(texts))
-    calls = draw(st.integers(0, 2))
+    calls = draw(st.integers(0, max_calls))
     for _ in range(calls):
         call = {"name": "calc", "arguments": {"x": draw(texts)}}
         parts.append(f"\n<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>")
@@ -40,12 +40,13 @@ class Turn:
 
 
 @st.composite
-def episodes(draw) -> tuple[list[dict], list[Turn]]:
+def episodes(draw, tools: bool = True) -> tuple[list[dict], list[Turn]]:
+    """Reset messages and turns; ``tools=False``: no tool calls, so no tool messages."""
     reset = [{"role": "system", "content": draw(texts)}] if draw(st.booleans()) else []
     reset.append({"role": "user", "content": draw(texts)})
     turns = []
     for _ in range(draw(st.integers(1, 6))):
-        content, calls = draw(assistant_turns())
+        content, calls = draw(assistant_turns(2 if tools else 0))
         env = [{"role": "tool", "name": "calc", "content": draw(texts)} for _ in range(calls)]
         if not calls or draw(st.booleans()):
             env += [{"role": "user", "content": draw(texts)}] if draw(st.integers(0, 5)) else []
@@ -56,7 +57,9 @@ def episodes(draw) -> tuple[list[dict], list[Turn]]:
     return reset, turns
 
 
-def engine_output(tokenizer, turn: Turn, end_of_turn: Callable[[str], int]) -> tuple[list[int], str]:
+def engine_output(
+    tokenizer, turn: Turn, end_of_turn: Callable[[str], int]
+) -> tuple[list[int], str]:
     """What a simulated engine emits for ``turn``, and the text of the assistant message."""
     ids = tokenizer.encode(turn.content, add_special_tokens=False)
     if turn.truncate is None:
@@ -65,5 +68,3 @@ def engine_output(tokenizer, turn: Turn, end_of_turn: Callable[[str], int]) -> t
     while "\ufffd" in tokenizer.decode(ids[:keep]):  # do not stop inside a UTF-8 character
         keep -= 1
     return ids[:keep], tokenizer.decode(ids[:keep])
-
-

@@ -75,6 +75,7 @@ TEMPLATES: dict[str, tuple[Callable[[str], int], Callable[[list[dict]], bool] | 
     "system_last_user": (lambda _: ENDOFTEXT, _system_moved),
 }
 
+
 @pytest.mark.filterwarnings("ignore::agentrl.tokenization.TemplateWarning")
 @pytest.mark.parametrize("name", list(TEMPLATES))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
