@@ -35,7 +35,8 @@ test: $(STAMP) lint
 # The modules the type checker holds to account (the rest of the package is not mypy-clean yet).
 TYPED := agentrl/engine_pool/engine.py agentrl/engine_pool/sglang_api.py \
 	agentrl/engine_pool/sglang_engine.py agentrl/engine_pool/server.py \
-	agentrl/engine_pool/weight_group.py agentrl/engine_pool/pool.py
+	agentrl/engine_pool/weight_group.py agentrl/engine_pool/pool.py \
+	agentrl/tokenization/*.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentrl tests bench

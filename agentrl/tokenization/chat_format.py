@@ -45,7 +45,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from agentrl.tokenization.clock import clock_freezes, frozen_clock
 
@@ -192,13 +192,14 @@ class ChatFormat:
         """The template's text for ``messages`` (``tokenizer.apply_chat_template``, untokenized);
         ``strftime_now`` sees ``now`` (``None``: the wall clock)."""
         with frozen_clock(now):
-            return self.tokenizer.apply_chat_template(
+            text = self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages],
                 tools=[dict(t) for t in tools] if tools else None,
                 chat_template=self.template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
             )
+        return cast(str, text)  # one conversation, tokenize=False
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text`` as at the start of a sequence (no special tokens added)."""
@@ -213,9 +214,10 @@ class ChatFormat:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens included, without clean-up of spaces."""
-        return self.tokenizer.decode(
+        text = self.tokenizer.decode(
             list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
+        return cast(str, text)
 
     # -- the three things a trajectory needs -----------------------------------------------------
 

@@ -384,7 +384,7 @@ def _check(fmt: ChatFormat) -> TemplateReport:
     )
     return TemplateReport(
         end_of_turn_tokens=tuple(
-            fmt.tokenizer.convert_ids_to_tokens(i) for i in sorted(fmt.end_of_turn_ids)
+            str(fmt.tokenizer.convert_ids_to_tokens(i)) for i in sorted(fmt.end_of_turn_ids)
         ),
         generation_prompt=prompt[_first_difference(bare, prompt) :],
         renders_tools=with_tools is not None and TOOL_SENTINEL in with_tools,
@@ -647,6 +647,6 @@ def _without_space(text: str) -> str:
     return "".join(text.split())
 
 
-def _first_difference(a: str, b: str) -> int:
+def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
