@@ -37,6 +37,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
     parser.add_argument("--max-batch-size", type=int, default=32, help="engine batch size")
     parser.add_argument(
+        "--template-policy",
+        choices=["keep", "strict"],
+        default="keep",
+        help="a chat template that is not append-only: keep the engine's tokens (with a warning) "
+        "or refuse it (see agentrl check-template)",
+    )
+    parser.add_argument(
+        "--seams",
+        choices=["keep", "reencode"],
+        default="keep",
+        help="token seams: keep the engine's ids, or re-encode them as a full render would",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("runs/rollout/trajectories.jsonl"),
@@ -107,6 +120,8 @@ async def _rollout(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> list
             sampling,
             env_id=args.env,
             max_total_tokens=args.max_total_tokens,
+            template_policy=args.template_policy,
+            seams=args.seams,
         )
         progress = Progress(
             TextColumn("[bold]rollout"),

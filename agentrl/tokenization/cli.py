@@ -10,6 +10,7 @@ name of a template shipped in ``agentrl/tokenization/templates``. The exit statu
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vocabulary for a .jinja or built-in template (default: smollm2)",
     )
     parser.add_argument(
+        "--special-tokens",
+        default="",
+        metavar="TOKEN,...",
+        help="marker strings to add to the vocabulary as special tokens (e.g. Llama 3's "
+        "'<|start_header_id|>,<|end_header_id|>,<|eot_id|>' to check its template with smollm2)",
+    )
+    parser.add_argument(
         "--use",
         action="append",
         choices=list(USES),
@@ -108,6 +116,10 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     except (OSError, ValueError) as error:
         console.print(Text(f"cannot load {args.model!r}: {error}", style="red"))
         return 2
+    markers = [token for token in args.special_tokens.split(",") if token]
+    if markers:  # on a copy: the loaded tokenizer is shared by the process
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.add_special_tokens({"additional_special_tokens": markers})
     report = check_template(tokenizer, template)
     uses = args.use or list(USES)
     verdict = report.verdict(uses)

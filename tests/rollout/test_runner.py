@@ -133,3 +133,34 @@ async def test_stream_groups_yields_whole_groups(engine, tokenizer):
     assert sorted(g[0].group for g in groups) == [0, 1, 2]
     assert all([t.sample for t in g] == [0, 1] for g in groups)
     await asyncio.sleep(0)
+
+
+async def test_template_policy_and_seams_reach_the_builder(engine, tokenizer):
+    import copy
+
+    from agentrl.tokenization import builtin_template
+
+    # a generation prompt ending in "\n\n" (as Llama 3's): one token at the end of a prompt, two
+    # once the generated text follows it
+    seamed = copy.deepcopy(tokenizer)
+    seamed.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n\\n' + m['content'] }}"
+        "{{ '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n\\n' }}{% endif %}"
+    )
+    runner = math_runner(engine, seamed, seams="reencode")
+    trajectories = await runner.collect(group_tasks(1, group_size=4, seed=3))
+    assert all(t.error is None for t in trajectories)
+    assert any(t.tokens.seams for t in trajectories)
+    for t in trajectories:
+        for e in t.tokens.seams:  # the prompt's "\n\n" (and any engine id merged with it)
+            new = t.tokens.input_ids[e.start : e.end]
+            assert e.replaced[0] == 1116 and new != list(e.replaced)
+            assert seamed.decode(new) == seamed.decode(list(e.replaced))
+            assert t.tokens.loss_mask[e.start : e.end] == [0] * len(new)
+
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = builtin_template("reasoning_stripped")
+    (t,) = await math_runner(engine, strict, template_policy="strict").collect(group_tasks(1))
+    assert t.error.startswith("tokenization: TemplateNotAppendOnlyError")
+    assert "reasoning_dropped" in t.error and not t.turns

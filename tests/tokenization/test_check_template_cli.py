@@ -93,3 +93,15 @@ def test_through_the_agentrl_command(tokenizer, capsys):
     assert main(["check-template", "smollm2"]) == 0
     assert main(["check-template", "reasoning_stripped"]) == 1
     assert "reasoning_dropped" in capsys.readouterr().out
+
+
+def test_published_template_with_its_markers_added(tokenizer):
+    from real_templates import DIRECTORY
+
+    markers = "<|header_start|>,<|header_end|>,<|eot|>,<|begin_of_text|>"
+    status, out = check(str(DIRECTORY / "llama4.jinja"), "--special-tokens", markers)
+    assert status == 4, out
+    assert "['ĊĊ'] in the trajectory, ['Ċ', 'Ċ'] in a full encode" in out
+    # without the markers the template has no added end-of-turn token on this vocabulary
+    status, out = check(str(DIRECTORY / "llama4.jinja"))
+    assert status == 3 and "added token" in out
