@@ -344,7 +344,8 @@ class TrajectoryBuilder:
         self._turn_ids.extend(int(t) for t in token_ids)
         if len(token_ids):
             self._segments.append(Segment(SegmentKind.COMPLETION, start, len(self._ids)))
-            if first_piece and self.seams is SeamPolicy.REENCODE:
+            # the turn's first ids (an aborted first piece may have had none)
+            if len(self._turn_ids) == len(token_ids) and self.seams is SeamPolicy.REENCODE:
                 self._reencode_seam(start)
         if self._turn_texts is not None:
             self._turn_texts = None if text is None else [*self._turn_texts, text]

@@ -208,3 +208,13 @@ def test_roles_the_template_refuses_are_an_error_not_a_trajectory(tokenizer):
     assert builder.trajectory == before  # nothing appended
     builder.add_messages([{"role": "user", "content": "thanks"}])
     assert builder.prompt_ids() == _full_encode(fmt, builder)
+
+
+def test_seam_after_an_empty_first_piece(llama):
+    # an engine that aborted before its first token, then resumed (a partial rollout)
+    builder = TrajectoryBuilder(llama, [{"role": "user", "content": "hi"}], seams="reencode")
+    builder.add_completion([], [], 0)
+    reply = [*llama.encode("Hello."), llama.end_of_turn_id]
+    builder.add_completion(reply, [-0.5] * len(reply), 1)
+    (edit,) = builder.trajectory.seams
+    assert llama.decode(list(edit.replaced)) == "\n\n" and edit.engine_tokens == 0
