@@ -1,6 +1,6 @@
 """Environments: the AgentEnv API, its spaces and wrappers, and registration with Gymnasium."""
 
-from agentrl.envs.core import AgentEnv, ResetResult, StepResult
+from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
 from agentrl.envs.registration import (
     BUILTIN_ENVS,
     ENTRY_POINT_GROUP,
@@ -21,6 +21,7 @@ from agentrl.envs.wrappers import (
 __all__ = [
     "BUILTIN_ENVS",
     "ENTRY_POINT_GROUP",
+    "INFRA_ERROR",
     "AgentEnv",
     "AgentWrapper",
     "AssistantText",

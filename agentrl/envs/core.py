@@ -14,6 +14,12 @@ The whole contract:
   of environments share one loop. ``reset``/``step``/``close`` are Gymnasium's synchronous forms; they
   run their async twins on one event loop the environment keeps until ``close`` (so a sandbox or a
   connection opened in ``reset`` still works in ``step``), and refuse to run inside a running loop.
+- **Infrastructure failures**: a step whose outcome could not be judged for a reason that is not
+  the agent's fault (no grading sandbox could start, a verifier worker died or hung) sets
+  ``info[INFRA_ERROR]`` (``"infra_error"``) to a message, scores 0 and usually ends the episode.
+  Its reward means nothing: the rollout runner records the message in ``Trajectory.infra_error``
+  and the trainer leaves the episode out of the group statistics and the loss, counting it in
+  ``episodes/infra_errors``.
 - **Seeding**: subclasses call ``await super().areset(seed=seed, options=options)`` first, the async
   twin of Gymnasium's ``super().reset(seed=seed)``; it seeds :attr:`np_random`.
 
@@ -37,6 +43,8 @@ from agentrl.envs.spaces import AssistantText, ChatMessages, Message
 T = TypeVar("T")
 
 StepResult = tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]
+INFRA_ERROR = "infra_error"
+"""The step-info key that marks an episode that could not be judged (see the module docstring)."""
 ResetResult = tuple[list[Message], dict[str, Any]]
 
 

@@ -8,7 +8,8 @@ environment returns are appended as chat-template delta tokens. Nothing is re-to
 Episodes run as asyncio tasks bounded by ``concurrency``; GRPO groups are ``group_size`` episodes
 reset with the same seed (so the same prompt) and sampled with different seeds. An exception from the
 environment, the engine or tokenization ends that episode with ``error`` set (prefixed ``env:``,
-``engine:`` or ``tokenization:``); it never ends the batch. Timings are recorded per turn.
+``engine:`` or ``tokenization:``); it never ends the batch. A step info with ``"infra_error"`` (the
+environment could not judge the episode) is kept in ``infra_error``. Timings are recorded per turn.
 
 Partial rollouts. With ``resume_aborted=True`` a generation the engine aborts (the trainer does
 that before a weight update when ``stream.partial_rollouts="abort"``) keeps its tokens and is
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.engine_pool import Engine, SamplingParams
-from agentrl.envs import AgentEnv, AgentWrapper
+from agentrl.envs import INFRA_ERROR, AgentEnv, AgentWrapper
 from agentrl.rollout.trajectory import Trajectory, Turn
 from agentrl.tokenization import SeamPolicy, TemplatePolicy, TokenTrajectory, TrajectoryBuilder
 
@@ -137,6 +138,8 @@ class EpisodeRunner:
                 turn.env_step_s = time.perf_counter() - start
                 turn.reward = float(reward)
                 trajectory.reward += float(reward)
+                if info.get(INFRA_ERROR) and trajectory.infra_error is None:
+                    trajectory.infra_error = str(info[INFRA_ERROR])
                 if terminated or truncated:
                     trajectory.terminated, trajectory.truncated = bool(terminated), bool(truncated)
                     trajectory.stop_reason = "terminated" if terminated else "truncated"

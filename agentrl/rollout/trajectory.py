@@ -2,7 +2,8 @@
 
 A :class:`Trajectory` holds the :class:`~agentrl.tokenization.TokenTrajectory` the trainer scores (ids,
 loss mask, engine log-probs, per-token weight versions), the conversation as messages, rewards, per-turn
-timings and finish reasons, and the error that ended the episode early, if any. ``to_record`` gives a
+timings and finish reasons, the error that ended the episode early, if any, and the environment's
+infrastructure failure, if it could not judge the episode. ``to_record`` gives a
 flat JSON-able dict (one JSONL line or one Parquet row); ``from_record`` inverts it.
 """
 
@@ -48,6 +49,9 @@ class Trajectory:
     truncated: bool = False
     stop_reason: str = ""
     error: str | None = None
+    infra_error: str | None = None
+    """The environment could not judge the episode (``info["infra_error"]``): its reward means
+    nothing, and the trainer leaves it out like an errored episode."""
 
     @property
     def completion_tokens(self) -> int:

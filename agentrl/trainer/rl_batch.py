@@ -6,8 +6,11 @@ per-token weight ``versions`` and the trajectory's ``advantages``), ready for
 :func:`agentrl.trainer.packing.pack_for_rank`, plus the batch's metrics.
 
 * Advantages are computed per group over the trajectories that did not fail; a failed episode
-  (``Trajectory.error``: an environment, engine or tokenization error) is excluded from both the
-  group statistics and the loss, and counted in ``episodes/errors``.
+  (``Trajectory.error``: an environment, engine or tokenization error) or one the environment could
+  not judge (``Trajectory.infra_error``: its reward means nothing) is excluded from both the group
+  statistics and the loss, and counted in ``episodes/errors`` or ``episodes/infra_errors``. A
+  group that failures left with fewer than two valid samples (out of two or more) is dropped or
+  kept by ``AlgorithmConfig.small_groups`` and counted in ``batch/small_groups``.
 * The staleness bound (:func:`agentrl.trainer.off_policy.staleness_policy`) is applied per token;
   under ``drop`` a group with any stale token is dropped whole, so groups stay together.
 * Trailing tokens off the loss mask (the chat-template delta of a last environment message that
@@ -61,8 +64,17 @@ def build_batch(
 ) -> TrainingBatch:
     """The sequences and metrics of one step (see the module docstring)."""
     episodes = [t for group in groups for t in group]
-    ok = [t for t in episodes if t.error is None and len(t.tokens) > 0]
     metrics = _episode_metrics(episodes, len(groups))
+    small = 0
+    ok: list[Trajectory] = []
+    for group in groups:
+        valid = [t for t in group if _valid(t)]
+        if len(group) >= 2 and len(valid) < 2:
+            small += 1
+            if algorithm.small_groups == "drop":
+                continue
+        ok.extend(valid)
+    metrics["batch/small_groups"] = float(small)
     if not ok:
         return TrainingBatch([], {**metrics, "batch/sequences": 0.0, "batch/loss_tokens": 0.0})
     rewards = torch.tensor([t.reward for t in ok], dtype=torch.float64)
@@ -119,6 +131,13 @@ def build_batch(
     return TrainingBatch(sequences, metrics)
 
 
+def _valid(trajectory: Trajectory) -> bool:
+    """Judged and free of errors, with tokens to train on."""
+    return (
+        trajectory.error is None and trajectory.infra_error is None and len(trajectory.tokens) > 0
+    )
+
+
 def _zero_advantage_groups(ok: Sequence[Trajectory], advantages: torch.Tensor) -> int:
     by_group: dict[int, list[float]] = {}
     for trajectory, advantage in zip(ok, advantages.tolist(), strict=True):
@@ -137,6 +156,9 @@ def _episode_metrics(episodes: Sequence[Trajectory], groups: int) -> dict[str, f
         "episodes/count": float(len(episodes)),
         "episodes/groups": float(groups),
         "episodes/errors": float(sum(t.error is not None for t in episodes)),
+        "episodes/infra_errors": float(
+            sum(t.infra_error is not None and t.error is None for t in episodes)
+        ),
         "episodes/truncated": float(sum(t.truncated for t in episodes)) / n,
         "episodes/turns_mean": sum(len(t.turns) for t in episodes) / n,
         "response_length/mean": float(lengths.mean()),

@@ -81,6 +81,10 @@ class AlgorithmConfig(Config):
     advantage: Literal["grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
     """``grpo``: group-normalised; ``dr_grpo``: group-centred, not scaled; ``reinforce_pp``:
     batch-whitened rewards; ``reinforce_pp_baseline``: group-centred, then batch-whitened."""
+    small_groups: Literal["drop", "keep"] = "drop"
+    """A group that failures (errors, infrastructure failures) left with fewer than two valid
+    samples, out of two or more: ``drop`` it from the loss, or ``keep`` it (a lone sample's
+    group-relative advantage is 0). Counted in ``batch/small_groups`` either way."""
     loss: Literal["ppo", "gspo"] = "ppo"
     """Token-level PPO-clip, or GSPO's sequence-level ratio."""
     clip_low: float = Field(0.2, ge=0, lt=1)

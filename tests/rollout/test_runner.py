@@ -164,3 +164,37 @@ async def test_template_policy_and_seams_reach_the_builder(engine, tokenizer):
     (t,) = await math_runner(engine, strict, template_policy="strict").collect(group_tasks(1))
     assert t.error.startswith("tokenization: TemplateNotAppendOnlyError")
     assert "reasoning_dropped" in t.error and not t.turns
+
+
+async def test_a_grading_infrastructure_failure_is_excluded_from_the_loss(engine, tokenizer):
+    from agentrl.envs import AgentWrapper
+    from agentrl.envs.code import CodeEnv, load_problems
+    from agentrl.tools import SandboxPool, sandbox_factory
+    from agentrl.trainer.rl_batch import build_batch
+    from agentrl.trainer.train_config import AlgorithmConfig, StreamConfig
+
+    problem = load_problems()[0]
+    solution = f"```python\n{problem.prompt}{problem.canonical_solution}```"
+
+    class Submits(AgentWrapper):
+        """Submits the reference solution whatever the model wrote (the model is not under test)."""
+
+        async def astep(self, action):
+            return await self.env.astep(solution)
+
+    pool = SandboxPool(sandbox_factory("bwrap"), warm=0)
+    await pool.close()  # no grading sandbox can start: an infrastructure failure
+    runner = EpisodeRunner(
+        lambda: Submits(CodeEnv(sandbox_pool=pool)),
+        engine,
+        tokenizer,
+        SAMPLING,
+        env_id="agentrl/Code-v0",
+    )
+    trajectories = await runner.collect(group_tasks(1, group_size=2))
+    for t in trajectories:
+        assert t.error is None and t.reward == 0.0 and "pool is closed" in t.infra_error
+        assert type(t).from_record(t.to_record()).infra_error == t.infra_error
+    batch = build_batch([trajectories], AlgorithmConfig(), StreamConfig(), 0)
+    assert batch.sequences == [] and batch.metrics["episodes/infra_errors"] == 2
+    assert batch.metrics["batch/small_groups"] == 1

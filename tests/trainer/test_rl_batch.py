@@ -94,3 +94,26 @@ def test_reencoded_token_seams_are_counted_in_the_mismatch_metrics(tokenizer):
     assert batch.metrics["mismatch/seam_edits"] == 1
     assert batch.metrics["mismatch/seam_engine_tokens"] == 1
     assert batch.sequences[0]["loss_mask"].count(1) == len(ids) - 1
+
+
+def test_infrastructure_failures_leave_the_statistics_and_the_loss():
+    judged = [episode(0, 0, 1.0), episode(0, 1, 0.0)]
+    unjudged = episode(0, 2, 0.0)
+    unjudged.infra_error = "no grading sandbox could start"
+    batch = build_batch([[*judged, unjudged]], AlgorithmConfig(), StreamConfig(), 0)
+    assert len(batch.sequences) == 2  # the 0.0 of the unjudged episode is not a reward
+    assert [s["advantages"] for s in batch.sequences] == pytest.approx([0.7071, -0.7071], 1e-3)
+    assert batch.metrics["episodes/infra_errors"] == 1
+    assert batch.metrics["episodes/errors"] == 0
+    assert batch.metrics["batch/small_groups"] == 0
+
+
+@pytest.mark.parametrize(("policy", "sequences"), [("drop", 3), ("keep", 4)])
+def test_groups_left_with_one_valid_sample(policy, sequences):
+    lone = [episode(0, 0, 1.0), episode(0, 1, 0.0, error="engine: dead")]
+    whole = [episode(1, 0, 1.0), episode(1, 1, 0.0)]
+    single = [episode(2, 0, 1.0)]  # group_size 1: never a "small" group
+    algorithm = AlgorithmConfig(small_groups=policy, advantage="reinforce_pp")
+    batch = build_batch([lone, whole, single], algorithm, StreamConfig(), 0)
+    assert batch.metrics["batch/small_groups"] == 1
+    assert len(batch.sequences) == sequences

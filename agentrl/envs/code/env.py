@@ -26,8 +26,8 @@ never the episode's, so nothing the agent did during the episode can touch it. R
 the tests passed on evidence the solution cannot forge, else 0.0. ``info["reward_components"]``
 has ``passed`` and ``format`` (1.0 when the turn had a code block). ``info["tests_passed"]`` is the
 verdict on the solution; an infrastructure failure (no grading sandbox could be started) instead
-sets ``info["grading_error"]``, scores 0 and ends the episode, so that trainers can drop it rather
-than count it against the model. A sandbox that dies while the tests run counts as a failed
+sets ``info["grading_error"]`` and ``info["infra_error"]`` (:data:`~agentrl.envs.INFRA_ERROR`), scores
+0 and ends the episode; trainers drop it rather than count it against the model. A sandbox that dies while the tests run counts as a failed
 submission (see :mod:`agentrl.envs.code.grading` for why).
 """
 
@@ -41,7 +41,7 @@ from pydantic import Field
 from agentrl.config import Config
 from agentrl.envs.code.grading import grade
 from agentrl.envs.code.problems import CodeProblem, assemble_program, extract_code, load_problems
-from agentrl.envs.core import AgentEnv, ResetResult, StepResult
+from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
 from agentrl.tools import (
     EpisodeSandbox,
     HermesParser,
@@ -175,8 +175,8 @@ class CodeEnv(AgentEnv):
             "feedback": result.feedback,
             "reward_components": {"passed": float(result.passed), "format": 1.0},
         }
-        if result.grading_error is not None:
-            info["grading_error"] = result.grading_error
+        if result.grading_error is not None:  # not the solution's fault: not a reward
+            info["grading_error"] = info[INFRA_ERROR] = result.grading_error
         last = self.config.mode == "single" or self.attempts >= self.config.max_attempts
         if result.passed or last or result.grading_error is not None:
             await self._end_episode()

@@ -31,7 +31,7 @@ import datasets
 from pydantic import Field
 
 from agentrl.config import Config
-from agentrl.envs.core import AgentEnv, ResetResult, StepResult
+from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
 from agentrl.envs.math.dataset import Format, MathProblem, last_boxed, read_dataset, to_problems
 from agentrl.envs.math.generated import generate_problems
 from agentrl.envs.math.verifier import shared_pool
@@ -190,8 +190,8 @@ class MathEnv(AgentEnv):
                 self.problem.answer, answer, self.config.verify_timeout
             )
             correct = float(verdict.correct)
-            if verdict.error:
-                info["verifier_error"] = verdict.error
+            if verdict.error:  # the verifier failed, not the answer: not a reward
+                info["verifier_error"] = info[INFRA_ERROR] = verdict.error
         info["reward_components"] = {"correct": correct, "format": float(formatted)}
         return correct, True, False, info
 
