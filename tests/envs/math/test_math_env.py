@@ -220,3 +220,22 @@ def test_subprocess_python_tool_is_still_available():
     obs, *_ = env.step("<python>x = 1</python>")
     obs, *_ = env.step("<python>print(x)</python>")
     assert "NameError" in obs[0]["content"]  # a fresh process per call: nothing persists
+
+
+def test_a_verifier_that_cannot_run_is_an_infrastructure_failure():
+    from agentrl.envs import INFRA_ERROR
+    from agentrl.envs.math.verifier import shared_pool
+
+    env = make()
+    _, info = env.reset(seed=1)
+    broken = shared_pool.executor()
+    broken.shutdown(wait=True)  # the worker processes are gone: nothing can be verified
+    try:
+        _, reward, terminated, _, info = env.step(f"\\boxed{{{info['gold_answer']}}}")
+    finally:
+        shared_pool._discard(broken)  # the next check starts a fresh pool
+    assert (reward, terminated) == (0.0, True)
+    assert "verifier failed" in info[INFRA_ERROR] and info["verifier_error"] == info[INFRA_ERROR]
+    _, info = env.reset(seed=1)
+    _, reward, _, _, info = env.step(f"\\boxed{{{info['gold_answer']}}}")
+    assert reward == 1.0 and INFRA_ERROR not in info
