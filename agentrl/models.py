@@ -79,3 +79,28 @@ def load_model(model: str | Path = SMOLLM2, dtype: str = "float32") -> PreTraine
     return AutoModelForCausalLM.from_pretrained(
         str(source.directory), dtype=getattr(torch, dtype), **source.from_pretrained_kwargs()
     )
+
+
+def cpu_has_native_bfloat16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU computes in bfloat16 natively (AVX512-BF16 or AMX-BF16): elsewhere PyTorch
+    emulates bfloat16 matrix products and they are slower than float32. Reads ``/proc/cpuinfo``
+    (or ``cpuinfo``); False where it cannot be read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.partition(":")[2].split()))
+
+
+def engine_dtype(choice: str, device: str = "cpu") -> str:
+    """The dtype of an engine's weights: ``choice`` itself, or for ``"auto"`` bfloat16 on a GPU
+    or a CPU with native bfloat16 and float32 elsewhere (AVX2-only CPUs emulate bfloat16)."""
+    if choice != "auto":
+        return choice
+    if device.startswith("cuda"):
+        import torch
+
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if cpu_has_native_bfloat16() else "float32"

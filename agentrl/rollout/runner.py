@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,6 +46,13 @@ class RolloutTask:
     sample: int
     seed: int
     options: dict[str, Any] | None = None
+
+
+class Runner(Protocol):
+    """Anything that runs one episode per task: an :class:`EpisodeRunner` or an
+    :class:`~agentrl.rollout.mixture.EnvMixture`."""
+
+    async def run(self, task: RolloutTask) -> Trajectory: ...
 
 
 def group_tasks(prompts: int, group_size: int = 1, seed: int = 0) -> list[RolloutTask]:

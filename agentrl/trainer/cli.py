@@ -107,11 +107,11 @@ async def _train(config, console: Console) -> int:
         loop.remove_signal_handler(signal.SIGINT)
         destroy()
     if trainer.is_main:
-        console.print(summary_table(summary, config))
+        console.print(summary_table(summary, config, trainer.engine_dtype))
     return INTERRUPTED if summary.interrupted else 0
 
 
-def summary_table(summary, config) -> Table:
+def summary_table(summary, config, engine_dtype: str = "float32") -> Table:
     metrics = summary.last_metrics
     table = Table(title="training summary", show_header=False)
     rows = [
@@ -119,6 +119,7 @@ def summary_table(summary, config) -> Table:
         ("stopped early", "yes (Ctrl-C)" if summary.interrupted else "no"),
         ("last mean reward", f"{metrics.get('reward/mean', float('nan')):.3f}"),
         ("last mismatch (mean |Δ log p|)", f"{metrics.get('mismatch/mean_abs', float('nan')):.2e}"),
+        ("engine weights", f"{engine_dtype} (rollout.engine_dtype={config.rollout.engine_dtype})"),
         ("metrics", str(Path(config.trainer.output_dir) / "metrics.jsonl")),
         ("checkpoint", str(summary.checkpoint or "-")),
         ("curves", str(summary.curves or "-")),

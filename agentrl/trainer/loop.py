@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import random
 import time
 from dataclasses import dataclass, field
@@ -50,8 +51,9 @@ from rich.console import Console
 
 from agentrl.config import ConfigError
 from agentrl.engine_pool import LocalEngine, SamplingParams
-from agentrl.models import load_model, load_tokenizer
-from agentrl.rollout.runner import EpisodeRunner
+from agentrl.models import engine_dtype, load_model, load_tokenizer
+from agentrl.rollout.mixture import EnvMixture
+from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.trainer.actor import Actor
 from agentrl.trainer.checkpoint import CheckpointManager, export_hf
 from agentrl.trainer.distributed import init_distributed
@@ -59,7 +61,7 @@ from agentrl.trainer.metrics import MetricsLogger
 from agentrl.trainer.objective import Objective
 from agentrl.trainer.packing import pack_for_rank
 from agentrl.trainer.plots import plot_curves
-from agentrl.trainer.progress import TrainProgress
+from agentrl.trainer.progress import DEFAULT_PROGRESS_KEYS, TrainProgress
 from agentrl.trainer.rl_batch import TrainingBatch, build_batch
 from agentrl.trainer.rollout_stream import RolloutStream
 from agentrl.trainer.train_config import TrainConfig
@@ -95,6 +97,8 @@ class Trainer:
         self.output_dir = Path(config.trainer.output_dir)
         self.stop_event = asyncio.Event()
         self.engine: LocalEngine | None = None
+        self.engine_dtype = "float32"
+        """The engine's weight dtype (``rollout.engine_dtype`` resolved: ``auto`` by the device)."""
         self.stream: RolloutStream | None = None
         self.metrics: MetricsLogger | None = None
         self.progress: TrainProgress | None = None
@@ -135,7 +139,9 @@ class Trainer:
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         engine_model = None
         if self.is_main:  # the engine's own copy, in its own dtype; weight sync casts on load
-            engine_model = copy.deepcopy(model).to(getattr(torch, cfg.rollout.engine_dtype))
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.engine_dtype = engine_dtype(cfg.rollout.engine_dtype, device)
+            engine_model = copy.deepcopy(model).to(getattr(torch, self.engine_dtype))
         self.actor = Actor(model, cfg.actor, dist_info=self.dist)
         self.objective = Objective(
             cfg.algorithm,
@@ -155,22 +161,31 @@ class Trainer:
             await self._sync_weights()
         if self.is_main:
             assert self.engine is not None
-            runner = EpisodeRunner(
-                lambda: gymnasium.make(cfg.env.id, **cfg.env.kwargs),
-                self.engine,
-                self.tokenizer,
-                SamplingParams(
-                    temperature=cfg.rollout.temperature,
-                    top_p=cfg.rollout.top_p,
-                    max_new_tokens=cfg.rollout.max_new_tokens,
-                    seed=cfg.trainer.seed,
-                ),
-                env_id=cfg.env.id,
-                max_total_tokens=cfg.rollout.max_total_tokens,
-                resume_aborted=True,
-                template_policy=cfg.rollout.template_policy,
-                seams=cfg.rollout.token_seams,
-            )
+            specs = cfg.env.specs()
+            runners = [
+                EpisodeRunner(
+                    functools.partial(gymnasium.make, spec.id, **spec.kwargs),
+                    self.engine,
+                    self.tokenizer,
+                    SamplingParams(
+                        temperature=cfg.rollout.temperature,
+                        top_p=cfg.rollout.top_p,
+                        max_new_tokens=cfg.rollout.max_new_tokens,
+                        seed=cfg.trainer.seed,
+                    ),
+                    # in a mixture, trajectories are named by their environment's label
+                    env_id=spec.label if cfg.env.mix else spec.id,
+                    max_total_tokens=cfg.rollout.max_total_tokens,
+                    resume_aborted=True,
+                    template_policy=cfg.rollout.template_policy,
+                    seams=cfg.rollout.token_seams,
+                )
+                for spec in specs
+            ]
+            runner: Runner = runners[0]
+            if cfg.env.mix:
+                weights = [spec.weight for spec in specs]
+                runner = EnvMixture(runners, weights, seed=cfg.trainer.seed)
             self.stream = RolloutStream(
                 runner,
                 group_size=cfg.rollout.group_size,
@@ -202,16 +217,18 @@ class Trainer:
             self.metrics = None
 
     async def _check_env(self) -> None:
-        """Fail before loading anything on a bad env id or kwargs."""
-        cfg = self.config.env
-        try:
-            env = gymnasium.make(cfg.id, **cfg.kwargs)
-        except gymnasium.error.Error as exc:
-            raise ConfigError(f"env.id {cfg.id!r}: {exc}") from None
-        if not hasattr(env, "aclose"):
-            env.close()
-            raise ConfigError(f"env.id {cfg.id!r} is not an agentrl environment (no async verbs)")
-        await env.aclose()
+        """Fail before loading anything on a bad env id or kwargs (of every environment)."""
+        for spec in self.config.env.specs():
+            try:
+                env = gymnasium.make(spec.id, **spec.kwargs)
+            except gymnasium.error.Error as exc:
+                raise ConfigError(f"env id {spec.id!r}: {exc}") from None
+            if not hasattr(env, "aclose"):
+                env.close()
+                raise ConfigError(
+                    f"env id {spec.id!r} is not an agentrl environment (no async verbs)"
+                )
+            await env.aclose()
 
     def _check_output_dir(self) -> Path | None:
         """The checkpoint to resume from; refuse to start a new run over an old one's metrics."""
@@ -394,13 +411,20 @@ class Trainer:
         return plot_curves(
             self.output_dir / "metrics.jsonl",
             self.output_dir / "curves.png",
-            title=f"{self.config.env.id} · {self.config.model.path}",
+            title=f"{' + '.join(s.label for s in self.config.env.specs())} · "
+            f"{self.config.model.path}",
         )
 
     def _progress(self, first: int) -> contextlib.AbstractContextManager[Any]:
         if not (self.is_main and self.show_progress):
             return contextlib.nullcontext(None)
-        return TrainProgress(self.config.trainer.steps, start_step=first, console=self.console)
+        keys = list(DEFAULT_PROGRESS_KEYS)
+        if self.config.env.mix:  # the reward of each environment after the overall one
+            labels = [f"env/{spec.label}/reward_mean" for spec in self.config.env.mix]
+            keys[1:1] = labels
+        return TrainProgress(
+            self.config.trainer.steps, start_step=first, keys=keys, console=self.console
+        )
 
     def _status(self, text: str) -> contextlib.AbstractContextManager[Any]:
         if not (self.is_main and self.show_progress):

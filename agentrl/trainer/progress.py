@@ -60,7 +60,9 @@ def format_value(value: float | int) -> str:
 
 def metric_label(key: str) -> str:
     """The name shown for ``key``: ``"reward/mean"`` -> ``"reward"``, ``"train/loss"`` ->
-    ``"loss"``, others unchanged."""
+    ``"loss"``, ``"env/Code-v0/reward_mean"`` -> ``"Code-v0 reward"``, others unchanged."""
+    if key.startswith("env/") and key.endswith("/reward_mean"):
+        return key.removeprefix("env/").removesuffix("/reward_mean") + " reward"
     return key.removesuffix("/mean").removeprefix("train/")
 
 

@@ -131,6 +131,14 @@ def build_batch(
     return TrainingBatch(sequences, metrics)
 
 
+def _by_environment(episodes: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
+    """Episodes by environment name (the env id without its namespace), in name order."""
+    named: dict[str, list[Trajectory]] = {}
+    for t in episodes:
+        named.setdefault(t.env_id.rsplit("/", 1)[-1] or "env", []).append(t)
+    return dict(sorted(named.items()))
+
+
 def _valid(trajectory: Trajectory) -> bool:
     """Judged and free of errors, with tokens to train on."""
     return (
@@ -174,6 +182,15 @@ def _episode_metrics(episodes: Sequence[Trajectory], groups: int) -> dict[str, f
         )
         / n,
     }
+    for name, own in _by_environment(episodes).items():
+        n_own = len(own)
+        metrics[f"env/{name}/episodes"] = float(n_own)
+        metrics[f"env/{name}/reward_mean"] = sum(t.reward for t in own) / n_own
+        metrics[f"env/{name}/turns_mean"] = sum(len(t.turns) for t in own) / n_own
+        metrics[f"env/{name}/errors"] = float(sum(t.error is not None for t in own))
+        metrics[f"env/{name}/infra_errors"] = float(
+            sum(t.infra_error is not None and t.error is None for t in own)
+        )
     components = sorted({key for t in episodes for key in t.reward_components})
     for key in components:
         metrics[f"reward/{key}"] = sum(t.reward_components.get(key, 0.0) for t in episodes) / n

@@ -1,7 +1,8 @@
 """Rollouts as a stream: groups are launched under a staleness allowance and queued when complete.
 
 :class:`RolloutStream` runs GRPO groups (``group_size`` episodes sharing a reset seed) against
-one :class:`~agentrl.rollout.runner.EpisodeRunner` in the background and puts each group on a
+one :class:`~agentrl.rollout.runner.EpisodeRunner` (or an
+:class:`~agentrl.rollout.mixture.EnvMixture` of several) in the background and puts each group on a
 queue as soon as all of its episodes finished, samples in order. The trainer takes
 ``groups_per_step`` groups per step with :meth:`next_groups`, whichever finished first.
 
@@ -25,7 +26,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
-from agentrl.rollout.runner import EpisodeRunner, RolloutTask
+from agentrl.rollout.runner import RolloutTask, Runner
 from agentrl.rollout.trajectory import Trajectory
 
 Group = list[Trajectory]
@@ -36,7 +37,7 @@ class RolloutStream:
 
     def __init__(
         self,
-        runner: EpisodeRunner,
+        runner: Runner,
         *,
         group_size: int,
         groups_per_step: int,

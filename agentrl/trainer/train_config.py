@@ -30,13 +30,48 @@ class ModelConfig(Config):
     """Attention kernels of the trainer's model (both keep packed sequences apart)."""
 
 
+class EnvSpec(Config):
+    """One environment of a mixture (``env.mix``)."""
+
+    id: str
+    """A registered environment id."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of ``gymnasium.make``."""
+    weight: float = Field(1.0, gt=0)
+    """Relative probability that a group is drawn from this environment."""
+    name: str | None = None
+    """Its name in metrics (``env/NAME/...``); default: the id without its namespace."""
+
+    @property
+    def label(self) -> str:
+        return self.name or self.id.rsplit("/", 1)[-1]
+
+
 class EnvConfig(Config):
-    """The environment every episode runs in."""
+    """The environment episodes run in, or a weighted mixture of environments (``mix``)."""
 
     id: str = "agentrl/Math-v0"
     """A registered environment id (``gymnasium.make`` finds it after ``import agentrl``)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of ``gymnasium.make`` (checked by the environment's own config)."""
+    mix: list[EnvSpec] = Field(default_factory=list)
+    """Several environments instead of ``id``/``kwargs``: a list of ``{id, kwargs, weight,
+    name}``. Each group is drawn from one of them with probability proportional to its weight
+    (reproducibly, from the seed and the group's number); metrics are also given per environment
+    (``env/NAME/reward_mean``, ``turns_mean``, ``errors``, ``infra_errors``, ``episodes``)."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Self:
+        if self.mix and self.model_fields_set & {"id", "kwargs"}:
+            raise ValueError("give either env.id / env.kwargs or env.mix, not both")
+        names = [spec.label for spec in self.mix]
+        if len(set(names)) != len(names):
+            raise ValueError(f"env.mix names must differ (set `name`), got {names}")
+        return self
+
+    def specs(self) -> list[EnvSpec]:
+        """The environments of the run (one unless ``mix``)."""
+        return list(self.mix) or [EnvSpec(id=self.id, kwargs=self.kwargs)]
 
 
 class RolloutConfig(Config):
@@ -58,10 +93,12 @@ class RolloutConfig(Config):
     """Episodes in flight at once."""
     engine_batch_size: int = Field(32, ge=1)
     """The embedded engine's batch rows."""
-    engine_dtype: Literal["float32", "bfloat16"] = "float32"
+    engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The embedded engine's weights (the trainer keeps float32): bfloat16 decodes about 1.6x
     faster on CPUs with AVX512-BF16 and on GPUs, at the price of a larger train/inference
-    mismatch (logged; corrected by TIS/MIS)."""
+    mismatch (logged; corrected by TIS/MIS), and slower than float32 on CPUs without it (AVX2
+    only), which emulate it. ``auto``: bfloat16 on a GPU or a CPU with native bfloat16
+    (AVX512-BF16, AMX), float32 elsewhere."""
     prefix_cache_tokens: int = Field(8192, ge=0)
     """The embedded engine's prefix cache budget in tokens (0 disables it)."""
     template_policy: Literal["keep", "strict"] = "keep"

@@ -28,12 +28,12 @@ def subprocess_env():
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
 
 
-def tiny_config(policy_dir, out, *overrides):
+def tiny_config(policy_dir, out, *overrides, env="env.id=parity_env:test/Parity-v0"):
     return TrainConfig.load(
         None,
         [
             f"model.path={policy_dir}",
-            "env.id=parity_env:test/Parity-v0",
+            env,
             f"trainer.output_dir={out}",
             "rollout.groups_per_step=2",
             "rollout.group_size=2",
@@ -80,6 +80,25 @@ async def test_a_run_trains_syncs_and_writes_its_outputs(tiny_policy_dir, tmp_pa
     assert not torch.equal(trained["model.norm.weight"], initial["model.norm.weight"])
     for name, value in trained.items():  # the engine generates with the trained weights
         torch.testing.assert_close(engine_weights[name], value, rtol=0, atol=0)
+
+
+async def test_a_mixture_of_environments_draws_groups_by_weight(tiny_policy_dir, tmp_path):
+    from agentrl.rollout import EnvMixture
+
+    mix = (
+        "env.mix=[{id: 'parity_env:test/Parity-v0', weight: 1, name: parity},"
+        " {id: agentrl/Math-v0, kwargs: {generated_difficulty: 1}, weight: 1}]"
+    )
+    config = tiny_config(tiny_policy_dir, tmp_path, "trainer.seed=3", env=mix)
+    drawn = EnvMixture([None, None], [1, 1], seed=3)  # the groups of two steps of 2 groups
+    assert {drawn.index(g) for g in range(4)} == {0, 1}, "this seed must draw both"
+    await train(config)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    seen = {key.split("/")[1] for row in rows for key in row if key.startswith("env/")}
+    assert seen == {"parity", "Math-v0"}
+    for row in rows:
+        per_env = [row[k] for k in row if k.startswith("env/") and k.endswith("/episodes")]
+        assert sum(per_env) == row["episodes/count"] == 4
 
 
 async def test_a_bfloat16_engine_samples_while_the_trainer_keeps_float32(tiny_policy_dir, tmp_path):

@@ -127,4 +127,5 @@ def test_format_value(value, text) -> None:
 
 def test_metric_label() -> None:
     assert metric_label("reward/mean") == "reward"
+    assert metric_label("env/Code-v0/reward_mean") == "Code-v0 reward"
     assert metric_label("mismatch/max_abs") == "mismatch/max_abs"

@@ -117,3 +117,17 @@ def test_groups_left_with_one_valid_sample(policy, sequences):
     batch = build_batch([lone, whole, single], algorithm, StreamConfig(), 0)
     assert batch.metrics["batch/small_groups"] == 1
     assert len(batch.sequences) == sequences
+
+
+def test_metrics_per_environment():
+    math = [episode(0, 0, 1.0), episode(0, 1, 0.0)]
+    code = [episode(1, 0, 0.0), episode(1, 1, 0.0, error="env: boom")]
+    for t in math:
+        t.env_id = "agentrl/Math-v0"
+    for t in code:
+        t.env_id = "code"
+    code[0].infra_error = "no sandbox"
+    batch = build_batch([math, code], AlgorithmConfig(), StreamConfig(), 0)
+    m = batch.metrics
+    assert (m["env/Math-v0/episodes"], m["env/Math-v0/reward_mean"]) == (2, 0.5)
+    assert (m["env/code/errors"], m["env/code/infra_errors"], m["env/code/turns_mean"]) == (1, 1, 0)

@@ -74,3 +74,18 @@ def test_the_documented_reference_is_the_config():
     assert page.read_text() == config_reference_markdown(), (
         "docs/train_config.md is stale: agentrl train --help-config --markdown > docs/train_config.md"
     )
+
+
+def test_env_mix_is_one_way_with_unique_names():
+    from agentrl.trainer.train_config import TrainConfig
+
+    mix = "env.mix=[{id: agentrl/Math-v0, weight: 3}, {id: agentrl/Code-v0}]"
+    config = TrainConfig.load(None, [mix])
+    assert [(s.label, s.weight) for s in config.env.specs()] == [("Math-v0", 3.0), ("Code-v0", 1.0)]
+    assert [s.id for s in TrainConfig.load(None, []).env.specs()] == ["agentrl/Math-v0"]
+    with pytest.raises(ConfigError, match=r"either env\.id / env\.kwargs or env\.mix"):
+        TrainConfig.load(None, [mix, "env.id=agentrl/Code-v0"])
+    with pytest.raises(ConfigError, match="names must differ"):
+        TrainConfig.load(None, ["env.mix=[{id: agentrl/Math-v0}, {id: other/Math-v0}]"])
+    with pytest.raises(ConfigError, match="weight"):
+        TrainConfig.load(None, ["env.mix=[{id: agentrl/Math-v0, weight: 0}]"])

@@ -1,0 +1,47 @@
+"""Every CPU example config trains for one step through the launcher, as a user runs it (smaller
+batches than the file's so that the four fit in the test budget)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*_cpu.yaml"))
+
+
+def test_the_cpu_examples_are_these():
+    assert {p.name for p in EXAMPLES} == {
+        "math_grpo_cpu.yaml",
+        "math_tool_grpo_cpu.yaml",
+        "code_grpo_cpu.yaml",
+        "mix_math_code_cpu.yaml",
+    }
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_trains_one_step(example, tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "agentrl.cli",
+        "train",
+        str(example),
+        f"trainer.output_dir={tmp_path}",
+        "trainer.steps=1",
+        "trainer.export_hf=false",
+        "rollout.groups_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=48",
+    ]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=580)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1]
+    assert rows[0]["episodes/count"] == 4 and rows[0]["episodes/errors"] == 0
+    if "mix" in example.stem:
+        assert any(key.startswith("env/math/") or key.startswith("env/code/") for key in rows[0])
