@@ -169,6 +169,13 @@ class EnginePool:
         """Have every engine load ``model_path`` (it must be readable by each of them)."""
         await self._update(lambda e: e.update_weights_from_disk(model_path, version), version)
 
+    def delivered(self, version: int) -> None:
+        """Weights of ``version`` reached every healthy engine by other means (one broadcast to
+        a :class:`~agentrl.engine_pool.WeightUpdateGroup`); :meth:`resume` checks each."""
+        if version < self._version:
+            raise ValueError(f"weight version {version} is older than the pool's {self._version}")
+        self._version = version
+
     async def pause(self) -> None:
         await self._fan_out(lambda e: e.pause(), self.healthy)
 

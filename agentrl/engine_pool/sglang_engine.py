@@ -71,7 +71,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -180,16 +180,23 @@ class SGLangEngine:
         *,
         startup_timeout: float = 600.0,
         log_path: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
         **options: Any,
     ) -> SGLangEngine:
-        """Start ``command`` (e.g. :func:`serve_command` or :func:`sglang_command`), wait until
-        ``url`` answers ``/health_generate``, and return the started engine that owns the process.
+        """Start ``command`` (e.g. :func:`serve_command` or :func:`sglang_command`; with ``env``
+        added to this process's environment), wait until ``url`` answers ``/health_generate``, and
+        return the started engine that owns the process.
 
         Raises :class:`EngineError` with the log's tail when the process exits or does not
         become healthy within ``startup_timeout`` seconds.
         """
         with open(log_path or os.devnull, "ab") as log:  # the child keeps its own descriptor
-            process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                list(command),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env} if env else None,
+            )
         engine = cls(url, process=process, **options)
         try:
             await engine._wait_healthy(startup_timeout, log_path)

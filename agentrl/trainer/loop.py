@@ -1,9 +1,11 @@
 """The training loop: streamed rollouts in, FSDP2 updates, weights back into the engine.
 
 One :class:`Trainer` per process (``torchrun`` starts one per rank; a plain ``python`` run is a
-one-process group). Rank 0 holds the embedded engine (:class:`~agentrl.engine_pool.LocalEngine`,
-its own copy of the weights) and the :class:`~agentrl.trainer.rollout_stream.RolloutStream`
-that runs episodes against it in the background. Each step:
+one-process group). Rank 0 holds the rollout engines (``engines``: the embedded
+:class:`~agentrl.engine_pool.LocalEngine` on its own copy of the weights, or an
+:class:`~agentrl.engine_pool.EnginePool` of servers it started or attached to; see
+:mod:`agentrl.trainer.engines`) and the :class:`~agentrl.trainer.rollout_stream.RolloutStream`
+that runs episodes against them in the background. Each step:
 
 1. rank 0 takes ``rollout.groups_per_step`` complete groups from the stream and builds the batch
    (:func:`~agentrl.trainer.rl_batch.build_batch`: advantages, staleness bound, metrics); the
@@ -12,7 +14,8 @@ that runs episodes against it in the background. Each step:
    optimizer step (:meth:`~agentrl.trainer.actor.Actor.train_step` with
    :class:`~agentrl.trainer.objective.Objective`) in a worker thread, so rollouts keep running
    on the event loop meanwhile (up to the staleness bound);
-3. the new weights go to the engine as version ``step`` (:func:`sync_weights`; with
+3. the new weights go to the engines as version ``step`` (:func:`sync_engines`: tensors, disk
+   or broadcast, every engine's version checked; with
    ``stream.partial_rollouts="abort"`` in-flight generations are aborted first and continued
    by the runner, with ``"pause"`` the engine carries them across the update), and the stream
    may launch one more step's groups;
@@ -50,13 +53,15 @@ import torch.distributed as dist
 from rich.console import Console
 
 from agentrl.config import ConfigError
-from agentrl.engine_pool import LocalEngine, SamplingParams
+from agentrl.engine_pool import SamplingParams
+from agentrl.engine_pool.engine import Engine
 from agentrl.models import engine_dtype, load_model, load_tokenizer
 from agentrl.rollout.mixture import EnvMixture
 from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.trainer.actor import Actor
 from agentrl.trainer.checkpoint import CheckpointManager, export_hf
 from agentrl.trainer.distributed import init_distributed
+from agentrl.trainer.engines import RolloutEngines, start_engines, sync_engines
 from agentrl.trainer.metrics import MetricsLogger
 from agentrl.trainer.objective import Objective
 from agentrl.trainer.packing import pack_for_rank
@@ -65,7 +70,6 @@ from agentrl.trainer.progress import DEFAULT_PROGRESS_KEYS, TrainProgress
 from agentrl.trainer.rl_batch import TrainingBatch, build_batch
 from agentrl.trainer.rollout_stream import RolloutStream
 from agentrl.trainer.train_config import TrainConfig
-from agentrl.trainer.weight_sync import sync_weights
 
 STOP = "stop"
 
@@ -96,7 +100,9 @@ class Trainer:
         self.show_progress = show_progress
         self.output_dir = Path(config.trainer.output_dir)
         self.stop_event = asyncio.Event()
-        self.engine: LocalEngine | None = None
+        self.engine: Engine | None = None
+        """Where rollouts go: the embedded LocalEngine or an EnginePool of servers (first rank)."""
+        self.engines: RolloutEngines | None = None
         self.engine_dtype = "float32"
         """The engine's weight dtype (``rollout.engine_dtype`` resolved: ``auto`` by the device)."""
         self.stream: RolloutStream | None = None
@@ -138,9 +144,10 @@ class Trainer:
         if cfg.algorithm.kl_coef > 0:
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         engine_model = None
-        if self.is_main:  # the engine's own copy, in its own dtype; weight sync casts on load
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            self.engine_dtype = engine_dtype(cfg.rollout.engine_dtype, device)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.engine_dtype = engine_dtype(cfg.rollout.engine_dtype, device)
+        if self.is_main and cfg.engines.kind == "embedded":
+            # the engine's own copy, in its own dtype; weight sync casts on load
             engine_model = copy.deepcopy(model).to(getattr(torch, self.engine_dtype))
         self.actor = Actor(model, cfg.actor, dist_info=self.dist)
         self.objective = Objective(
@@ -151,12 +158,19 @@ class Trainer:
         )
         stream_state = self._resume(resume_from)
         if self.is_main:
-            self.engine = await LocalEngine(
-                engine_model,
-                tokenizer=self.tokenizer,
-                max_batch_size=cfg.rollout.engine_batch_size,
-                prefix_cache_tokens=cfg.rollout.prefix_cache_tokens,
-            ).start()
+            where = "embedded engine" if cfg.engines.kind == "embedded" else "engine servers"
+            with self._status(f"starting the {where}"):
+                self.engines = await start_engines(
+                    cfg.engines,
+                    model_path=cfg.model.path,
+                    engine_model=engine_model,
+                    tokenizer=self.tokenizer,
+                    engine_dtype=self.engine_dtype,
+                    output_dir=self.output_dir,
+                    max_batch_size=cfg.rollout.engine_batch_size,
+                    prefix_cache_tokens=cfg.rollout.prefix_cache_tokens,
+                )
+            self.engine = self.engines.engine
         if self.actor.step > 0:  # resumed: the engine still has the initial weights
             await self._sync_weights()
         if self.is_main:
@@ -209,8 +223,9 @@ class Trainer:
         if self.stream is not None:
             await self.stream.aclose()
             self.stream = None
-        if self.engine is not None:
-            await self.engine.aclose()
+        if self.engines is not None:
+            await self.engines.aclose()
+            self.engines = None
             self.engine = None
         if self.metrics is not None:
             self.metrics.close()
@@ -334,6 +349,7 @@ class Trainer:
         record = {
             **batch.metrics,
             **report,
+            **(self.engines.metrics() if self.engines is not None else {}),
             "version/trained_on": float(version),
             "time/wait_rollouts_s": wait_s,
             "time/train_s": train_s,
@@ -382,14 +398,13 @@ class Trainer:
         return self.objective.finish(reported, self.actor.device)
 
     async def _sync_weights(self) -> None:
-        engines = [self.engine] if self.engine is not None else []
-        if engines and self.config.stream.partial_rollouts == "abort":
-            await engines[0].abort()  # the runner continues each aborted turn from its tokens
-        await sync_weights(
-            self.actor.model,
-            engines,
+        await sync_engines(
+            self.engines,
+            self.config.engines.weight_sync,
+            self.actor,
             self.actor.step,
             bucket_bytes=self.config.trainer.weight_sync_bucket_mb * 2**20,
+            abort=self.config.stream.partial_rollouts == "abort",
         )
 
     # -- outputs -----------------------------------------------------------------------------

@@ -112,6 +112,48 @@ class RolloutConfig(Config):
     the loss; counted in ``mismatch/seam_edits`` and ``mismatch/seam_engine_tokens``)."""
 
 
+class EnginesConfig(Config):
+    """Where rollouts are generated, and how new weights reach the engines."""
+
+    kind: Literal["embedded", "serve", "sglang", "attach", "ray"] = "embedded"
+    """``embedded``: one LocalEngine inside the trainer's first process; ``serve``: ``count``
+    ``agentrl serve`` processes started and owned by the run; ``sglang``: ``count`` SGLang
+    servers started with ``python -m sglang.launch_server`` (one per GPU of ``gpu_ids``);
+    ``attach``: servers already running at ``urls``; ``ray``: ``count`` servers placed as Ray
+    actors (``ray.init`` must reach a cluster). All but ``embedded`` go through an
+    ``EnginePool``: routing, retries on another engine, health checks, eviction."""
+    count: int = Field(2, ge=1)
+    """Servers to start (``serve``, ``sglang``, ``ray``)."""
+    urls: list[str] = Field(default_factory=list)
+    """Servers to use (``attach``): ``http://host:port`` of SGLang or ``agentrl serve``."""
+    server_args: list[str] = Field(default_factory=list)
+    """Extra command-line arguments of each started server."""
+    gpu_ids: list[int] = Field(default_factory=list)
+    """``sglang``: the GPU of each server (``CUDA_VISIBLE_DEVICES``); default 0, 1, 2..."""
+    weight_sync: Literal["tensor", "disk", "broadcast"] = "tensor"
+    """How weights reach the servers after each step: ``tensor`` (buckets posted to
+    ``/update_weights_from_tensor``), ``disk`` (written under output_dir/weights, loaded with
+    ``/update_weights_from_disk``; servers must read that path), or ``broadcast`` (one process
+    group of the trainer and every server: gloo on CPU, NCCL on GPU; while an engine is out of
+    rotation the step falls back to ``tensor``)."""
+    startup_timeout: float = Field(600.0, gt=0)
+    """Seconds a started server has to become healthy."""
+    max_inflight_per_engine: int = Field(64, ge=1)
+    """Requests one engine serves at once; more wait for a slot."""
+    health_interval: float = Field(2.0, gt=0)
+    """Seconds between health probes of every engine."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.kind == "attach" and not self.urls:
+            raise ValueError("engines.kind=attach needs engines.urls")
+        if self.kind != "attach" and self.urls:
+            raise ValueError("engines.urls is only for engines.kind=attach")
+        if self.kind == "embedded" and self.weight_sync != "tensor":
+            raise ValueError("the embedded engine takes weights as tensors (weight_sync=tensor)")
+        return self
+
+
 class AlgorithmConfig(Config):
     """Advantages, the policy loss and off-policy correction."""
 
@@ -193,6 +235,7 @@ class TrainConfig(Config):
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()
     rollout: RolloutConfig = RolloutConfig()
+    engines: EnginesConfig = EnginesConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     stream: StreamConfig = StreamConfig()
     actor: ActorConfig = ActorConfig()

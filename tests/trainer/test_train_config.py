@@ -89,3 +89,19 @@ def test_env_mix_is_one_way_with_unique_names():
         TrainConfig.load(None, ["env.mix=[{id: agentrl/Math-v0}, {id: other/Math-v0}]"])
     with pytest.raises(ConfigError, match="weight"):
         TrainConfig.load(None, ["env.mix=[{id: agentrl/Math-v0, weight: 0}]"])
+
+
+def test_engines_section_is_checked():
+    from agentrl.trainer.train_config import TrainConfig
+
+    assert TrainConfig.load(None, []).engines.kind == "embedded"
+    config = TrainConfig.load(None, ["engines.kind=attach", "engines.urls=[http://a:1]"])
+    assert config.engines.urls == ["http://a:1"]
+    with pytest.raises(ConfigError, match="needs engines.urls"):
+        TrainConfig.load(None, ["engines.kind=attach"])
+    with pytest.raises(ConfigError, match="only for engines.kind=attach"):
+        TrainConfig.load(None, ["engines.kind=serve", "engines.urls=[http://a:1]"])
+    with pytest.raises(ConfigError, match="weight_sync=tensor"):
+        TrainConfig.load(None, ["engines.weight_sync=broadcast"])
+    with pytest.raises(ConfigError, match="kind"):
+        TrainConfig.load(None, ["engines.kind=vllm"])
