@@ -19,7 +19,15 @@ def test_the_cpu_examples_are_these():
         "math_tool_grpo_cpu.yaml",
         "code_grpo_cpu.yaml",
         "mix_math_code_cpu.yaml",
+        "math_pool_cpu.yaml",
     }
+
+
+def test_the_gpu_example_is_a_valid_config():
+    from agentrl.trainer.train_config import TrainConfig
+
+    config = TrainConfig.load(ROOT / "examples" / "math_sglang_gpu.yaml")
+    assert config.engines.kind == "sglang" and config.engines.weight_sync == "broadcast"
 
 
 @pytest.mark.timeout(600)

@@ -97,9 +97,9 @@ def test_engines_section_is_checked():
     assert TrainConfig.load(None, []).engines.kind == "embedded"
     config = TrainConfig.load(None, ["engines.kind=attach", "engines.urls=[http://a:1]"])
     assert config.engines.urls == ["http://a:1"]
-    with pytest.raises(ConfigError, match="needs engines.urls"):
+    with pytest.raises(ConfigError, match=r"needs engines\.urls"):
         TrainConfig.load(None, ["engines.kind=attach"])
-    with pytest.raises(ConfigError, match="only for engines.kind=attach"):
+    with pytest.raises(ConfigError, match=r"only for engines\.kind=attach"):
         TrainConfig.load(None, ["engines.kind=serve", "engines.urls=[http://a:1]"])
     with pytest.raises(ConfigError, match="weight_sync=tensor"):
         TrainConfig.load(None, ["engines.weight_sync=broadcast"])
