@@ -67,3 +67,37 @@ async def test_a_server_killed_mid_run_loses_no_trajectory(tiny_policy_dir, tmp_
     assert third["pool/healthy"] == 1 and third["pool/out_of_rotation"] == 1
     # a broadcast needs the whole group: with a member gone the steps fall back to tensors
     assert third["weight_sync/fallback"] >= 1
+
+
+@pytest.mark.timeout(600)
+async def test_partial_rollouts_and_staleness_across_the_pool(tiny_policy_dir, tmp_path):
+    config = pool_config(
+        tiny_policy_dir,
+        tmp_path,
+        "tensor",
+        "trainer.steps=3",
+        "stream.max_staleness=1",
+        "stream.partial_rollouts=abort",
+        "rollout.max_new_tokens=64",
+    )
+    async with Trainer(config, show_progress=False) as trainer:
+        records = [await trainer.step() for _ in range(3)]
+        assert await server_versions(trainer) == [3, 3]
+    for record in records:
+        assert record["episodes/errors"] == 0 and record["pool/healthy"] == 2
+        assert record["staleness/staleness_max"] <= 1
+    assert records[-1]["version/trained_on"] == 2
+
+
+@pytest.mark.timeout(600)
+async def test_a_run_over_a_pool_resumes_with_the_pool(tiny_policy_dir, tmp_path):
+    first = pool_config(tiny_policy_dir, tmp_path, "broadcast", "trainer.steps=1")
+    async with Trainer(first, show_progress=False) as trainer:
+        await trainer.run()
+    again = pool_config(tiny_policy_dir, tmp_path, "broadcast", "trainer.steps=2")
+    async with Trainer(again, show_progress=False) as trainer:
+        assert trainer.actor.step == 1
+        assert await server_versions(trainer) == [1, 1]  # new servers took the checkpoint's weights
+        record = await trainer.step()
+        assert await server_versions(trainer) == [2, 2]
+    assert record["mismatch/max_abs"] < 1e-3 and record["episodes/errors"] == 0
