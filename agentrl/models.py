@@ -9,6 +9,7 @@ transformers dequantises GGUF weights to float32 on load.
 from __future__ import annotations
 
 import importlib.metadata
+import platform
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -92,6 +93,17 @@ def cpu_has_native_bfloat16(cpuinfo: str | None = None) -> bool:
             return False
     flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
     return bool({"avx512_bf16", "amx_bf16"} & set(flags.partition(":")[2].split()))
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), to print beside every measurement."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def engine_dtype(choice: str, device: str = "cpu") -> str:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
 import statistics
 import tempfile
 from pathlib import Path
 
+from agentrl.models import cpu_name
 from agentrl.trainer.loop import Trainer
 from agentrl.trainer.train_config import TrainConfig
 
@@ -83,7 +83,7 @@ def main() -> None:
         "--weight-sync", default="broadcast", choices=["broadcast", "tensor", "disk"]
     )
     args = parser.parse_args()
-    print(f"CPU: {platform.processor() or platform.machine()} ({_cpu_name()})")
+    print(f"CPU: {cpu_name()}")
     with tempfile.TemporaryDirectory() as tmp:
         embedded = asyncio.run(time_steps(config(Path(tmp) / "embedded", args)))
         pool = asyncio.run(
@@ -101,16 +101,6 @@ def main() -> None:
     ours = summary("embedded LocalEngine", embedded)
     theirs = summary(f"pool of 2 servers ({args.weight_sync})", pool)
     print(f"ratio embedded / pool: {ours / theirs:.2f}x (above 1: the pool is faster)")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import gymnasium
 import torch
 
 import agentrl  # noqa: F401  (registers agentrl/Math-v0)
-from agentrl.models import load_model, load_tokenizer
+from agentrl.models import cpu_has_native_bfloat16, cpu_name, load_model, load_tokenizer
 from agentrl.trainer.loop import Trainer
 from agentrl.trainer.train_config import TrainConfig
 from bench.trl_baseline import make_trl_reward, math_v0_grade, trl_grpo_step_times
@@ -69,7 +69,7 @@ def agentrl_config(args: argparse.Namespace, output_dir: Path) -> TrainConfig:
         "algorithm.clip_low": 0.2,
         "algorithm.clip_high": 0.2,
         "algorithm.aggregation": "token-mean",
-        "stream.max_staleness": 0,
+        "stream.max_staleness": args.max_staleness,
         "actor.lr": args.learning_rate,
         "actor.warmup_steps": 0,
         "actor.max_grad_norm": 1.0,
@@ -123,6 +123,7 @@ async def compare(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as output_dir:
         config = agentrl_config(args, Path(output_dir))
         async with Trainer(config, show_progress=False) as trainer:
+            engine_dtype = trainer.engine_dtype
             for block in range(args.blocks):
                 times = []
                 for _ in range(args.steps_per_block):
@@ -151,9 +152,11 @@ async def compare(args: argparse.Namespace) -> None:
         f"= {batch} completions of <= {args.max_new_tokens} tokens, "
         f"{torch.get_num_threads()} torch threads, {len(ours)} counted steps a side"
     )
+    print(f"CPU: {cpu_name()}; native bfloat16: {'yes' if cpu_has_native_bfloat16() else 'no'}")
     print(f"TRL GRPOTrainer: median {theirs_s:.2f} s/step (min {min(theirs):.2f})")
     print(
-        f"agentrl Trainer (engine {args.engine_dtype}, trainer float32): median {ours_s:.2f} s/step "
+        f"agentrl Trainer (engine {engine_dtype} from {args.engine_dtype}, trainer float32, "
+        f"stream.max_staleness={args.max_staleness}): median {ours_s:.2f} s/step "
         f"(min {min(ours):.2f}); train/inference mismatch, mean |Δ log p|: "
         f"median {statistics.median(mismatch):.2e}"
     )
@@ -177,9 +180,17 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument(
         "--engine-dtype",
-        choices=["float32", "bfloat16"],
+        choices=["auto", "float32", "bfloat16"],
         default="float32",
-        help="agentrl's rollout engine weights (rollout.engine_dtype); the trainer stays float32",
+        help="agentrl's rollout engine weights (rollout.engine_dtype; auto: bfloat16 only on CPUs "
+        "with native bfloat16); the trainer stays float32",
+    )
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        default=0,
+        help="agentrl's stream.max_staleness: 1 overlaps the next step's rollouts with this "
+        "step's training (TIS-corrected); TRL's step is synchronous",
     )
     args = parser.parse_args()
     if args.steps_per_block < 2:
