@@ -36,7 +36,9 @@ test: $(STAMP) lint
 TYPED := agentrl/engine_pool/engine.py agentrl/engine_pool/sglang_api.py \
 	agentrl/engine_pool/sglang_engine.py agentrl/engine_pool/server.py \
 	agentrl/engine_pool/weight_group.py agentrl/engine_pool/pool.py \
-	agentrl/tokenization/*.py
+	agentrl/tokenization/*.py agentrl/models.py agentrl/rollout/mixture.py \
+	agentrl/rollout/runner.py agentrl/rollout/trajectory.py agentrl/trainer/engines.py \
+	agentrl/trainer/rl_batch.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentrl tests bench

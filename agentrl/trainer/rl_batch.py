@@ -101,7 +101,7 @@ def build_batch(
     for name, value in decision.metrics.items():
         metrics[f"staleness/{name}"] = float(value)
 
-    sequences = []
+    sequences: list[dict[str, Any]] = []
     for i, trajectory in enumerate(ok):
         mask = loss_masks[i, : len(trajectory.tokens)].tolist()
         if not any(mask):
