@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from agentrl.engine_pool import EnginePool, LocalEngine, SamplingParams, SGLangEngine
-from agentrl.engine_pool.sglang_engine import serve_command
+from agentrl.engine_pool.sglang_engine import free_port, serve_command
 from agentrl.models import load_model, load_tokenizer
 from agentrl.trainer.checkpoint import export_hf
 
@@ -37,12 +36,6 @@ class RandomRoutingPool(EnginePool):
 
     def _choose(self, session_id):
         return random.choice(self.healthy)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def throughput(engine, requests: int, tokens: int) -> float:

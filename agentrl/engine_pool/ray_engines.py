@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.engine_pool.engine import EngineError
-from agentrl.engine_pool.sglang_engine import SGLangEngine
+from agentrl.engine_pool.sglang_engine import SGLangEngine, free_port
 
 _PR_SET_PDEATHSIG = 1
 
@@ -54,7 +53,7 @@ class EngineServerActor:
         extra_args: tuple[str, ...] = (),
         startup_timeout: float = 600.0,
     ) -> None:
-        self.port = _free_port()
+        self.port = free_port("0.0.0.0")
         self.host = _node_ip()
         if server == "agentrl":
             command = [sys.executable, "-m", "agentrl.cli", "serve", model]
@@ -142,12 +141,6 @@ def _die_with_parent() -> None:
     """In the child before exec: receive SIGKILL when the actor process dies (Linux)."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        return sock.getsockname()[1]
 
 
 def _node_ip() -> str:

@@ -66,6 +66,7 @@ import dataclasses
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -585,6 +586,13 @@ class SGLangEngine:
                 return
             await asyncio.sleep(0.5)
         raise EngineError(f"{self.url} was not healthy after {timeout:g} s{_log_tail(log_path)}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` now (for a server or a process group to bind)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def serve_command(

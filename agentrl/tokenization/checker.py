@@ -377,10 +377,10 @@ def _check(fmt: ChatFormat) -> TemplateReport:
     prompt = fmt.render(first_user, tools, add_generation_prompt=True, now=now)
     with_tools = _try_render(fmt, SAMPLE_CONVERSATIONS["with_system"][:2], SAMPLE_TOOLS, now)
     time_dependent = fmt.reads_clock and any(
-        _try_render(fmt, sample, tools, now) != _try_render(fmt, sample, tools, _OTHER_INSTANT)
+        _try_render(fmt, sample, use.tools, now)
+        != _try_render(fmt, sample, use.tools, _OTHER_INSTANT)
         for use in USES.values()
         for sample in use.conversations.values()
-        for tools in (use.tools,)
     )
     return TemplateReport(
         end_of_turn_tokens=tuple(

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,7 +47,7 @@ import torch
 
 from agentrl.engine_pool import EnginePool, LocalEngine, SGLangEngine
 from agentrl.engine_pool.engine import Engine
-from agentrl.engine_pool.sglang_engine import serve_command, sglang_command
+from agentrl.engine_pool.sglang_engine import free_port, serve_command, sglang_command
 from agentrl.engine_pool.weight_group import WeightUpdateGroup
 from agentrl.trainer.checkpoint import export_hf
 from agentrl.trainer.weight_sync import DEFAULT_BUCKET_BYTES, sync_weights
@@ -135,7 +134,7 @@ async def start_engines(
         if config.weight_sync == "broadcast":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             engines.group = await WeightUpdateGroup.create(
-                servers, "127.0.0.1", _free_port(), backend=backend
+                servers, "127.0.0.1", free_port(), backend=backend
             )
         if config.weight_sync == "disk":
             engines.weights_dir = output_dir / "weights"
@@ -153,7 +152,7 @@ async def _launch_local(
     servers: list[SGLangEngine] = []
     try:
         for i in range(config.count):
-            port = _free_port()
+            port = free_port()
             if config.kind == "serve":
                 command = serve_command(model_path, port, max_batch_size=max_batch_size)
                 command += ["--dtype", dtype, *config.server_args]
@@ -241,9 +240,3 @@ class _Broadcast:
 
     async def resume(self) -> None:
         await self.pool.resume()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -17,19 +16,13 @@ import torch
 from aiohttp import web
 
 from agentrl.engine_pool.engine import EngineError, SamplingParams
-from agentrl.engine_pool.sglang_engine import SGLangEngine, serve_command
+from agentrl.engine_pool.sglang_engine import SGLangEngine, free_port, serve_command
 from agentrl.engine_pool.weight_group import WeightUpdateGroup
 from agentrl.trainer.checkpoint import export_hf
 
 pytestmark = pytest.mark.slow
 
 SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7, ignore_eos=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,18 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+# The tool schema of the episodes' calls (Hermes ``calc`` calls, see assistant_turns).
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "evaluate",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+        },
+    }
+]
+
 # The smollm2 vocabulary has no byte token for 0x04, 0x06, 0x13, 0x14, 0x16, 0x1d or the UTF-8 lead
 # bytes of U+40000..U+BFFFF: its tokenizer drops them, so no token-level scheme can reproduce them.
 _LOST = "\x04\x06\x13\x14\x16\x1d"

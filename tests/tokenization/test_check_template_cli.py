@@ -8,18 +8,10 @@ import json
 
 import pytest
 from rich.console import Console
+from template_cases import ALTERNATING
 
 from agentrl.tokenization import builtin_template
 from agentrl.tokenization.cli import add_arguments, run
-
-# Gemma-style: roles must alternate user/assistant (after an optional system message).
-ALTERNATING = (
-    "{% for m in messages if m['role'] != 'system' %}"
-    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def check(*argv: str) -> tuple[int, str]:

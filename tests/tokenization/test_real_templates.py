@@ -19,7 +19,7 @@ import datetime as dt
 
 import jinja2
 import pytest
-from episodes import engine_output, episodes
+from episodes import TOOLS, engine_output, episodes
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from real_templates import TEMPLATES, real_tokenizer
@@ -33,16 +33,6 @@ from agentrl.tokenization import (
 )
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, 0)
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calc",
-            "description": "evaluate",
-            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
-        },
-    }
-]
 A, S, N, U = (
     Verdict.APPEND_ONLY,
     Verdict.TOKEN_SEAMS,

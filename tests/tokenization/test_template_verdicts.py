@@ -10,6 +10,7 @@ import copy
 import warnings
 
 import pytest
+from template_cases import ALTERNATING
 
 from agentrl.tokenization import (
     ChatFormat,
@@ -50,14 +51,6 @@ TOOLS_BEFORE_LAST_USER = (
     "{% for m in messages %}{% if tools and loop.index0 == ns.last %}"
     "<|im_start|>tools\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
     "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-# Gemma-style: roles must alternate user/assistant; there is no tool role.
-ALTERNATING = (
-    "{% for m in messages if m['role'] != 'system' %}"
-    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

@@ -22,22 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from episodes import engine_output, episodes
+from episodes import TOOLS, engine_output, episodes
 from hypothesis import HealthCheck, event, given, settings
 from template_cases import ENDOFTEXT, IM_END
 
 from agentrl.tokenization import TrajectoryBuilder
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calc",
-            "description": "evaluate",
-            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
-        },
-    }
-]
 
 
 def _eom_if_tool_call(content: str) -> int:
