@@ -6,8 +6,8 @@ a server on its node (``agentrl serve``, or ``python -m sglang.launch_server`` w
 ``server="sglang"``; Ray sets ``CUDA_VISIBLE_DEVICES`` to the actor's GPUs) and reports the URL it
 listens on. The driver gets started :class:`SGLangEngine` clients for those URLs, ready for an
 :class:`~agentrl.engine_pool.pool.EnginePool`. The server is the actor's child and is killed with it
-(``PR_SET_PDEATHSIG``), so ``ray.kill(actor)`` or a lost node takes its engine down, and the pool
-reroutes its requests.
+(``PR_SET_PDEATHSIG``: :func:`~agentrl.engine_pool.sglang_engine.die_with_parent`), so
+``ray.kill(actor)`` or a lost node takes its engine down, and the pool reroutes its requests.
 
 Multi-node launch::
 
@@ -27,8 +27,6 @@ Servers bind ``0.0.0.0`` on ports chosen by their node, so the nodes must reach 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,9 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.engine_pool.engine import EngineError
-from agentrl.engine_pool.sglang_engine import SGLangEngine, free_port
-
-_PR_SET_PDEATHSIG = 1
+from agentrl.engine_pool.sglang_engine import SGLangEngine, die_with_parent, free_port
 
 
 class EngineServerActor:
@@ -65,7 +61,7 @@ class EngineServerActor:
         command += ["--host", "0.0.0.0", "--port", str(self.port), *extra_args]
         self.log = tempfile.NamedTemporaryFile(prefix="agentrl-engine-", suffix=".log")  # noqa: SIM115
         self.process = subprocess.Popen(
-            command, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            command, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
         )
         self._wait_healthy(startup_timeout)
 
@@ -117,6 +113,7 @@ async def launch_ray_engines(
     num_gpus: float = 0,
     num_cpus: float = 1,
     extra_args: tuple[str, ...] = (),
+    startup_timeout: float = 600.0,
     **engine_options: Any,
 ) -> tuple[list[SGLangEngine], list[Any]]:
     """Start ``count`` engine-server actors and return (started clients, actor handles).
@@ -127,7 +124,9 @@ async def launch_ray_engines(
     import ray
 
     remote = ray.remote(num_gpus=num_gpus, num_cpus=num_cpus)(EngineServerActor)
-    actors = [remote.remote(model, server, tuple(extra_args)) for _ in range(count)]
+    actors = [
+        remote.remote(model, server, tuple(extra_args), startup_timeout) for _ in range(count)
+    ]
     urls = await asyncio.gather(*(_await_ref(actor.url.remote()) for actor in actors))
     engines = [await SGLangEngine(url, **engine_options).start() for url in urls]
     return engines, actors
@@ -135,12 +134,6 @@ async def launch_ray_engines(
 
 async def _await_ref(ref: Any) -> Any:
     return await ref  # Ray object refs are awaitable inside asyncio
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: receive SIGKILL when the actor process dies (Linux)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _node_ip() -> str:

@@ -62,17 +62,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -186,7 +188,10 @@ class SGLangEngine:
     ) -> SGLangEngine:
         """Start ``command`` (e.g. :func:`serve_command` or :func:`sglang_command`; with ``env``
         added to this process's environment), wait until ``url`` answers ``/health_generate``, and
-        return the started engine that owns the process.
+        return the started engine that owns the process. On Linux the server is killed when the
+        thread that launched it dies, even by ``SIGKILL`` (:func:`die_with_parent`), so a killed
+        run leaves no server behind. The server does not inherit a torchrun rank's identity
+        (:func:`server_environment`).
 
         Raises :class:`EngineError` with the log's tail when the process exits or does not
         become healthy within ``startup_timeout`` seconds.
@@ -196,7 +201,8 @@ class SGLangEngine:
                 list(command),
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **env} if env else None,
+                env=server_environment(env),
+                preexec_fn=die_with_parent(),
             )
         engine = cls(url, process=process, **options)
         try:
@@ -586,6 +592,47 @@ class SGLangEngine:
                 return
             await asyncio.sleep(0.5)
         raise EngineError(f"{self.url} was not healthy after {timeout:g} s{_log_tail(log_path)}")
+
+
+_PR_SET_PDEATHSIG = 1
+_LAUNCHER_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+)  # fmt: skip
+
+
+def server_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a server it starts, with ``extra`` added and without what
+    torchrun sets for its ranks (``RANK``, ``MASTER_PORT``, ``TORCHELASTIC_*``, ...): a server
+    started by a training rank is not that rank, and torch would otherwise, for one, make its
+    process groups clients of the torchrun agent's store."""
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in _LAUNCHER_VARIABLES and not name.startswith("TORCHELASTIC_")
+    }
+    return {**environment, **(extra or {})}
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for :class:`subprocess.Popen` that has the child receive ``SIGKILL`` when
+    its parent dies (Linux's ``PR_SET_PDEATHSIG``; ``None`` elsewhere).
+
+    The kernel sends the signal when the *thread* that forked the child exits, so call ``Popen``
+    from a thread that lives as long as the child should (the event loop's). ``prctl`` is looked up
+    here, before the fork: the child must not load libraries between fork and exec.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl: nothing will signal us
+            os._exit(1)
+
+    return set_death_signal
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -8,8 +8,10 @@ order, while the servers receive them. One broadcast reaches every engine in the
 
 Both sides build the group as SGLang's ``init_custom_process_group`` (``python/sglang/srt/utils/
 common.py``) does, because the store keys must match: a TCP rendezvous at
-``tcp://master_address:master_port`` (rank 0 hosts the store), a ``PrefixStore(group_name)`` over
-it, and torch's own group constructor under ``group_name`` (which prefixes the keys again). This
+``tcp://master_address:master_port`` (rank 0 hosts the store; here the ``TCPStore`` is made
+directly, as that rendezvous makes it outside torchrun, so that a trainer under torchrun hosts it
+too), a ``PrefixStore(group_name)`` over it, and torch's own group constructor under
+``group_name`` (which prefixes the keys again). This
 is apart from any default process group, so the trainer's FSDP group is untouched; a group name
 can be used again in a process once :func:`leave_group` has destroyed the old group. ``gloo``
 moves CPU tensors (tested here between processes on loopback, also against SGLang's own function
@@ -35,7 +37,6 @@ from torch.distributed.distributed_c10d import (
     PrefixStore,
     _new_process_group_helper,
     _world,
-    rendezvous,
 )
 
 DEFAULT_GROUP = "weight_update_group"
@@ -62,9 +63,16 @@ def join_group(
         raise ValueError("backend 'nccl' needs a CUDA device; use 'gloo' on CPU engines")
     if not group_name:
         raise ValueError("group_name must not be empty")
-    url = f"tcp://{_host(master_address)}:{master_port}"
-    store, rank, world_size = next(rendezvous(url, rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    # the TCP store that rendezvous("tcp://...") makes, made here: under torchrun, rendezvous()
+    # would make every rank a client of the torchrun agent's store (TORCHELASTIC_USE_AGENT_STORE)
+    store = dist.TCPStore(
+        master_address,
+        master_port,
+        world_size,
+        is_master=rank == 0,
+        timeout=timeout,
+        multi_tenant=True,
+    )
     group, _ = _new_process_group_helper(
         world_size,
         rank,
@@ -158,7 +166,10 @@ class WeightUpdateGroup:
         return cls(engines, group, group_name)
 
     async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Send the tensors to every engine (one broadcast each) and set ``version`` on them."""
+        """Send the tensors to every engine (one broadcast each) and set ``version`` on them.
+
+        Raises when a send or a server fails (a member died, or refused the update); the group is
+        then unusable: leave it (:func:`leave_group` on ``self.group``) and form a new one."""
         tensors = [(name, tensor.detach().contiguous()) for name, tensor in named_tensors]
         names = [name for name, _ in tensors]
         dtypes = [str(tensor.dtype).removeprefix("torch.") for _, tensor in tensors]
@@ -169,8 +180,17 @@ class WeightUpdateGroup:
             )
             for engine in self.engines
         ]
-        sends = asyncio.to_thread(self._send, [tensor for _, tensor in tensors])
-        await asyncio.gather(sends, *posts)
+        sending = asyncio.to_thread(self._send, [tensor for _, tensor in tensors])
+        sends, *pending = [asyncio.ensure_future(call) for call in (sending, *posts)]
+        try:
+            await asyncio.gather(sends, *pending)
+        except BaseException:
+            # a send cannot be interrupted: it ends when its peers fail or the group times out
+            await asyncio.wait([sends])
+            for post in pending:
+                post.cancel()  # servers waiting for the rest stay in their receive until timeout
+            await asyncio.gather(sends, *pending, return_exceptions=True)
+            raise
 
     async def close(self) -> None:
         """Have every engine leave the group, then leave it here (the name is free again)."""
@@ -191,7 +211,3 @@ class WeightUpdateGroup:
 
 def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
     dist.broadcast(tensor, src=0, group=group)  # as SGLang's receive_weights_from_distributed
-
-
-def _host(address: str) -> str:
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address

@@ -120,8 +120,8 @@ class EnginesConfig(Config):
     ``agentrl serve`` processes started and owned by the run; ``sglang``: ``count`` SGLang
     servers started with ``python -m sglang.launch_server`` (one per GPU of ``gpu_ids``);
     ``attach``: servers already running at ``urls``; ``ray``: ``count`` servers placed as Ray
-    actors (``ray.init`` must reach a cluster). All but ``embedded`` go through an
-    ``EnginePool``: routing, retries on another engine, health checks, eviction."""
+    actors (``ray_server``, on the cluster at ``ray_address``). All but ``embedded`` go through
+    an ``EnginePool``: routing, retries on another engine, health checks, eviction."""
     count: int = Field(2, ge=1)
     """Servers to start (``serve``, ``sglang``, ``ray``)."""
     urls: list[str] = Field(default_factory=list)
@@ -130,12 +130,19 @@ class EnginesConfig(Config):
     """Extra command-line arguments of each started server."""
     gpu_ids: list[int] = Field(default_factory=list)
     """``sglang``: the GPU of each server (``CUDA_VISIBLE_DEVICES``); default 0, 1, 2..."""
+    ray_server: Literal["agentrl", "sglang"] = "agentrl"
+    """``ray``: what each actor runs, ``agentrl serve`` or SGLang (``--skip-tokenizer-init``)."""
+    ray_gpus_per_engine: float | None = Field(None, ge=0)
+    """``ray``: GPUs each actor reserves; default 1 for SGLang, 0 for ``agentrl serve``."""
+    ray_address: str | None = None
+    """``ray``: the cluster ``ray.init`` joins (``auto``, ``ray://host:10001``); default: the one
+    ``RAY_ADDRESS`` names, else a new local instance, stopped when the run ends."""
     weight_sync: Literal["tensor", "disk", "broadcast"] = "tensor"
     """How weights reach the servers after each step: ``tensor`` (buckets posted to
     ``/update_weights_from_tensor``), ``disk`` (written under output_dir/weights, loaded with
     ``/update_weights_from_disk``; servers must read that path), or ``broadcast`` (one process
-    group of the trainer and every server: gloo on CPU, NCCL on GPU; while an engine is out of
-    rotation the step falls back to ``tensor``)."""
+    group of the trainer and the serving engines: gloo on CPU, NCCL on GPU; formed again when
+    the serving engines change, and a failed broadcast is finished by ``tensor``)."""
     startup_timeout: float = Field(600.0, gt=0)
     """Seconds a started server has to become healthy."""
     max_inflight_per_engine: int = Field(64, ge=1)
