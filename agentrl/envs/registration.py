@@ -33,6 +33,7 @@ ENTRY_POINT_GROUP = "agentrl.envs"
 BUILTIN_ENVS: dict[str, str] = {
     "agentrl/Math-v0": "agentrl.envs.math.env:MathEnv",
     "agentrl/Code-v0": "agentrl.envs.code.env:CodeEnv",
+    "agentrl/Search-v0": "agentrl.envs.search.env:SearchEnv",
 }
 
 

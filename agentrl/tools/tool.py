@@ -183,6 +183,8 @@ def _without_titles(schema: Any) -> Any:
 
 def _describe(error: Mapping[str, Any]) -> str:
     """One pydantic error as a phrase that names the argument, e.g. ``'xs[1]': ... (got 'a')``."""
+    if not error["loc"]:  # about the arguments as a whole (e.g. json_invalid)
+        return f"the arguments: {error['msg']}"
     name, *path = error["loc"]
     where = repr(str(name) + "".join(f"[{part!r}]" for part in path))
     if error["type"] == "extra_forbidden":

@@ -20,6 +20,7 @@ def test_the_cpu_examples_are_these():
         "code_grpo_cpu.yaml",
         "mix_math_code_cpu.yaml",
         "math_pool_cpu.yaml",
+        "search_grpo_cpu.yaml",
     }
 
 

@@ -230,3 +230,9 @@ async def test_argument_errors_list_the_arguments_the_tool_takes() -> None:
     assert "missing required argument 'query'" in message
     assert "missing required argument 'limit'" in message
     assert "query, limit, scale (optional)" in message
+
+
+def test_arguments_that_are_not_valid_unicode_get_a_clear_error() -> None:
+    tool = Tool.from_function(lookup)
+    with pytest.raises(ToolArgumentError, match="invalid arguments for tool 'lookup': the argu"):
+        tool.validate({"query": "half a pair: \ud800", "limit": 1})
