@@ -9,6 +9,9 @@
 * ``sglang``: ``count`` SGLang servers (``python -m sglang.launch_server``), one per GPU of
   ``gpu_ids``; sampling seeds are dropped unless a server runs with
   ``--enable-deterministic-inference``.
+* ``serve`` and ``sglang`` start ``command`` instead when it is set: a template whose
+  ``{model}``, ``{port}``, ``{host}`` and ``{gpu}`` are filled in per server (a wrapper script,
+  a container, another entry point of SGLang).
 * ``attach``: servers already running at ``urls`` (SGLang or ``agentrl serve``).
 * ``ray``: ``count`` servers placed as Ray actors (``launch_ray_engines``).
 
@@ -274,13 +277,18 @@ async def _launch_local(
     try:
         for i in range(config.count):
             port = free_port()
-            if config.kind == "serve":
+            gpu = config.gpu_ids[i] if i < len(config.gpu_ids) else i
+            if config.command:
+                fields = {"model": model_path, "port": port, "host": "127.0.0.1", "gpu": gpu}
+                command = [part.format(**fields) for part in config.command]
+                command += config.server_args
+            elif config.kind == "serve":
                 command = serve_command(model_path, port, max_batch_size=max_batch_size)
                 command += ["--dtype", dtype, *config.server_args]
-                options: dict[str, Any] = {}
             else:
                 command = sglang_command(model_path, port, extra=config.server_args)
-                gpu = config.gpu_ids[i] if i < len(config.gpu_ids) else i
+            options: dict[str, Any] = {}
+            if config.kind == "sglang":
                 options = {"ignore_seeds": True, "env": {"CUDA_VISIBLE_DEVICES": str(gpu)}}
             servers.append(
                 await SGLangEngine.launch(

@@ -128,6 +128,11 @@ class EnginesConfig(Config):
     """Servers to use (``attach``): ``http://host:port`` of SGLang or ``agentrl serve``."""
     server_args: list[str] = Field(default_factory=list)
     """Extra command-line arguments of each started server."""
+    command: list[str] = Field(default_factory=list)
+    """``serve``, ``sglang``: the argv that starts one server, instead of the built-in one, with
+    ``{model}``, ``{port}``, ``{host}`` and ``{gpu}`` filled in (``server_args`` appended); e.g.
+    ``[python, -m, sglang.launch_server, --model-path, "{model}", --port, "{port}",
+    --skip-tokenizer-init]``. The server must answer SGLang's HTTP API at ``http://{host}:{port}``."""
     gpu_ids: list[int] = Field(default_factory=list)
     """``sglang``: the GPU of each server (``CUDA_VISIBLE_DEVICES``); default 0, 1, 2..."""
     ray_server: Literal["agentrl", "sglang"] = "agentrl"
@@ -156,6 +161,18 @@ class EnginesConfig(Config):
             raise ValueError("engines.kind=attach needs engines.urls")
         if self.kind != "attach" and self.urls:
             raise ValueError("engines.urls is only for engines.kind=attach")
+        if self.command and self.kind not in ("serve", "sglang"):
+            raise ValueError("engines.command is only for engines.kind=serve or sglang")
+        if self.command and not any("{port}" in part for part in self.command):
+            raise ValueError("engines.command must place the server's port: '{port}'")
+        for part in self.command:
+            try:
+                part.format(model="", port=0, host="", gpu=0)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(
+                    f"engines.command: {part!r} is not a template of {{model}}, {{port}}, "
+                    f"{{host}} and {{gpu}} ({type(exc).__name__}: {exc}); write '{{{{' for '{{'"
+                ) from None
         if self.kind == "embedded" and self.weight_sync != "tensor":
             raise ValueError("the embedded engine takes weights as tensors (weight_sync=tensor)")
         return self

@@ -272,3 +272,37 @@ def test_the_broadcast_group_listens_where_the_servers_reach_the_trainer():
         probe.connect(("10.255.255.255", 9))  # this machine's address on its default route
         own = probe.getsockname()[0]
     assert _master_address(["http://127.0.0.1:30000", f"http://{own}:30001"]) == own
+
+
+@pytest.mark.timeout(600)
+async def test_sglang_kind_starts_servers_from_a_command_template(tiny_policy_dir, tmp_path):
+    """The SGLang launch path (one server per GPU id, seeds dropped, its own logs) with a template
+    that starts `agentrl serve`, since SGLang's server does not run on these CPUs."""
+    template = f'[{sys.executable}, -m, agentrl.cli, serve, "{{model}}", --port, "{{port}}"]'
+    config = pool_config(
+        tiny_policy_dir,
+        tmp_path,
+        "tensor",
+        "engines.kind=sglang",
+        f"engines.command={template}",
+        "engines.gpu_ids=[3, 5]",
+    )
+    async with Trainer(config, show_progress=False) as trainer:
+        servers = [m.engine for m in trainer.engines.pool.members]
+        assert all(server.ignore_seeds for server in servers)
+        gpus = [
+            dict(
+                line.split("=", 1)
+                for line in Path(f"/proc/{s.process.pid}/environ").read_text().split("\0")
+                if "=" in line
+            )["CUDA_VISIBLE_DEVICES"]
+            for s in servers
+        ]
+        assert gpus == ["3", "5"]
+        record = await trainer.step()
+        assert await server_versions(trainer) == [1, 1]
+    assert record["episodes/errors"] == 0 and record["pool/healthy"] == 2
+    assert sorted(p.name for p in (tmp_path / "engines").iterdir()) == [
+        "sglang-0.log",
+        "sglang-1.log",
+    ]

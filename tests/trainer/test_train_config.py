@@ -105,3 +105,17 @@ def test_engines_section_is_checked():
         TrainConfig.load(None, ["engines.weight_sync=broadcast"])
     with pytest.raises(ConfigError, match="kind"):
         TrainConfig.load(None, ["engines.kind=vllm"])
+
+
+def test_a_server_command_template_is_checked():
+    from agentrl.trainer.train_config import TrainConfig
+
+    template = 'engines.command=[sglang-wrapper, "{model}", --port, "{port}", --gpu, "{gpu}"]'
+    config = TrainConfig.load(None, ["engines.kind=sglang", template])
+    assert config.engines.command[-1] == "{gpu}"
+    with pytest.raises(ConfigError, match=r"is not a template .*KeyError: 'gpus'"):
+        TrainConfig.load(None, ["engines.kind=sglang", 'engines.command=["{port}", "{gpus}"]'])
+    with pytest.raises(ConfigError, match="must place the server's port"):
+        TrainConfig.load(None, ["engines.kind=sglang", "engines.command=[sglang-wrapper]"])
+    with pytest.raises(ConfigError, match=r"only for engines\.kind=serve or sglang"):
+        TrainConfig.load(None, ["engines.kind=ray", 'engines.command=["{port}"]'])
