@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "rollout": ("agentrl.rollout.cli", "run an environment against the embedded engine"),
     "serve": ("agentrl.engine_pool.cli", "serve the embedded engine over SGLang's HTTP API"),
     "check-template": ("agentrl.tokenization.cli", "check whether a chat template is append-only"),
+    "swe": ("agentrl.envs.swe.taskgen.cli", "generate verified SWE-bench instances from sdists"),
     "retriever": ("agentrl.tools.retriever_cli", "build a retrieval index or serve one over HTTP"),
 }
 
