@@ -49,9 +49,12 @@ _STDERR_TAIL = 4096
 class ContainerSandbox(Sandbox):
     """A sandbox in a container; build one with :meth:`start`."""
 
-    def __init__(self, client: Any, container: Any, connection: _AttachedStreams) -> None:
+    def __init__(
+        self, client: Any, container: Any, connection: _AttachedStreams, *, owns_client: bool
+    ) -> None:
         super().__init__(connection.stdout, connection.writer)
         self._client = client
+        self._owns_client = owns_client  # made by start(): closed with the sandbox
         self._container = container
         self._connection = connection
 
@@ -75,20 +78,30 @@ class ContainerSandbox(Sandbox):
         container fails to start; a container that failed to start is removed.
         """
         limits = limits or SandboxLimits()
+        owns_client = client is None
         client = client or await asyncio.to_thread(connect)
-        container = await asyncio.to_thread(_create, client, image, limits)
+        try:
+            container = await asyncio.to_thread(_create, client, image, limits)
+        except BaseException:
+            if owns_client:
+                client.close()
+            raise
         try:
             connection = await _attach(client, container)
             await asyncio.to_thread(container.start)
-            sandbox = cls(client, container, connection)
+            sandbox = cls(client, container, connection, owns_client=owns_client)
         except BaseException as exc:
             await asyncio.to_thread(_remove, container)
+            if owns_client:
+                client.close()
             raise SandboxError(f"the container sandbox did not start: {exc}") from exc
         return await sandbox._until_ready("container")
 
     async def _shutdown(self) -> None:
         self._connection.close()
         await asyncio.to_thread(_remove, self._container)
+        if self._owns_client:
+            self._client.close()  # its pooled connections to the engine's socket
         with contextlib.suppress(asyncio.CancelledError):
             self._connection.pump.cancel()
             await self._connection.pump
@@ -111,10 +124,13 @@ def connect() -> Any:
     """``docker.from_env()`` with a clear error when no engine answers."""
     import docker  # the SDK is optional: only this backend needs it
 
+    client = None
     try:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
+        if client is not None:
+            client.close()
         host = os.environ.get("DOCKER_HOST", "the default socket")
         raise SandboxError(
             f"no container engine answers at {host}: {exc}. Start one with "
@@ -125,14 +141,19 @@ def connect() -> Any:
 
 def remove_orphans(client: Any = None) -> int:
     """Remove sandbox containers whose owning process on this host is gone; return how many."""
+    owned = client is None
     client = client or connect()
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
-        host, _, pid = container.labels.get(LABEL, "").rpartition(":")
-        if host == socket.gethostname() and pid.isdigit() and _pid_alive(int(pid)):
-            continue
-        _remove(container)
-        removed += 1
+    try:
+        for container in client.containers.list(all=True, filters={"label": LABEL}):
+            host, _, pid = container.labels.get(LABEL, "").rpartition(":")
+            if host == socket.gethostname() and pid.isdigit() and _pid_alive(int(pid)):
+                continue
+            _remove(container)
+            removed += 1
+    finally:
+        if owned:
+            client.close()
     return removed
 
 

@@ -2,6 +2,7 @@
 client code; tests/tools/test_sandbox_isolation.py runs both), and the backends' start errors."""
 
 import asyncio
+import gc
 import os
 
 import docker
@@ -125,3 +126,19 @@ def test_remove_orphans_clears_containers_of_dead_owners_only():
         assert dead.id not in ids and mine.id in ids
     finally:
         mine.remove(force=True)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+async def test_a_closed_container_sandbox_leaves_no_socket_open():
+    """The client start() made is closed with the sandbox: its pooled connections to the engine's
+    socket would otherwise be found unclosed by the garbage collector, in some later test."""
+    sandbox = await ContainerSandbox.start()
+    adapter = sandbox._client.api.get_adapter("http+docker://")
+    await sandbox.exec("true")
+    assert len(adapter.pools) > 0
+    await sandbox.close()
+    assert len(adapter.pools) == 0, "the client's connection pools are closed"
+    with pytest.raises(SandboxError, match="not found: build it"):
+        await ContainerSandbox.start(image="localhost/agentrl-no-such-image:latest")
+    gc.collect()
