@@ -197,8 +197,11 @@ class _AttachedStreams:
     to a container"); ``pump`` splits them, feeding stdout to ``stdout`` and keeping stderr's tail.
     """
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, response: Any
+    ) -> None:
         self.writer = writer
+        self.response = response  # the SDK's file object over the socket: it holds the fd open
         self.stdout = asyncio.StreamReader(limit=_READ_LIMIT)
         self.stderr_tail = bytearray()
         self.pump = asyncio.create_task(self._demultiplex(reader))
@@ -221,6 +224,7 @@ class _AttachedStreams:
 
     def close(self) -> None:
         self.writer.close()
+        self.response.close()  # the socket's fd closes once both are closed
 
 
 async def _attach(client: Any, container: Any) -> _AttachedStreams:
@@ -232,7 +236,7 @@ async def _attach(client: Any, container: Any) -> _AttachedStreams:
         reader, writer = await asyncio.open_unix_connection(sock=raw, limit=_READ_LIMIT)
     else:
         reader, writer = await asyncio.open_connection(sock=raw, limit=_READ_LIMIT)
-    return _AttachedStreams(reader, writer)
+    return _AttachedStreams(reader, writer, response)
 
 
 def _state(container: Any) -> dict[str, Any]:

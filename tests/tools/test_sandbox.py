@@ -131,14 +131,18 @@ def test_remove_orphans_clears_containers_of_dead_owners_only():
 @pytest.mark.slow
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 async def test_a_closed_container_sandbox_leaves_no_socket_open():
-    """The client start() made is closed with the sandbox: its pooled connections to the engine's
-    socket would otherwise be found unclosed by the garbage collector, in some later test."""
+    """The client start() made, and the attach stream's socket, are closed with the sandbox: the
+    garbage collector would otherwise find them unclosed, in some later test."""
     sandbox = await ContainerSandbox.start()
     adapter = sandbox._client.api.get_adapter("http+docker://")
+    attached = sandbox._connection.response._sock
     await sandbox.exec("true")
-    assert len(adapter.pools) > 0
+    assert len(adapter.pools) > 0 and attached.fileno() >= 0
     await sandbox.close()
     assert len(adapter.pools) == 0, "the client's connection pools are closed"
+    await asyncio.sleep(0)  # the attach transport closes its socket on the next loop turn
+    assert attached.fileno() == -1, "the attach stream's socket is really closed"
+    del sandbox, adapter, attached
     with pytest.raises(SandboxError, match="not found: build it"):
         await ContainerSandbox.start(image="localhost/agentrl-no-such-image:latest")
     gc.collect()
