@@ -41,16 +41,9 @@ from agentrl.engine_pool.sglang_engine import free_port
 from agentrl.envs.search.qa import SHIPPED_CORPUS, read_questions
 from agentrl.models import cpu_name
 from agentrl.tools.retriever import cached_index
+from bench import percentile
 
 REQUEST_TIMEOUT_S = 30.0
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile, ``q`` in (0, 1]; NaN for no samples."""
-    if not samples:
-        return math.nan
-    ordered = sorted(samples)
-    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
 @dataclass

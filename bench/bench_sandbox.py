@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import shutil
 import socket
@@ -71,6 +70,7 @@ from agentrl.tools.sandbox import (
     SandboxLimits,
     agent_command,
 )
+from bench import percentile
 
 STATEMENT = "print(1 + 1)"
 EXPECTED = "2\n"
@@ -87,14 +87,6 @@ Call = Callable[[], Awaitable[str]]
 
 
 # --- latency -------------------------------------------------------------------------------------
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile, ``q`` in (0, 1]; NaN for no samples."""
-    if not samples:
-        return math.nan
-    ordered = sorted(samples)
-    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
 @dataclass

@@ -2,7 +2,6 @@
 or broadcast (gloo), every server's version checked after each step, a server killed mid-run or in
 the middle of a broadcast, two training ranks under torchrun, and a killed run's servers."""
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_loop import subprocess_env, tiny_config, write_config
+from test_loop import subprocess_env, tiny_config
 
 from agentrl.trainer.loop import Trainer
 from agentrl.trainer.metrics import read_metrics
@@ -179,19 +178,20 @@ def gone(pid):
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
+def all_gone(pids, within=30.0):
+    """Whether every process in ``pids`` exits (or is a zombie) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return all(gone(pid) for pid in pids)
+
+
 @pytest.mark.timeout(600)
 def test_two_ranks_train_over_the_pool_under_torchrun(tiny_policy_dir, tmp_path):
     """Every rank trains and none is an engine: 2 gloo ranks, 2 servers, broadcast weight sync."""
     out = tmp_path / "run"
-    config = write_config(
-        tiny_policy_dir,
-        out,
-        tmp_path / "pool.yaml",
-        "engines.kind=serve",
-        "engines.count=2",
-        "engines.weight_sync=broadcast",
-        "rollout.groups_per_step=4",
-    )
+    config = tmp_path / "pool.yaml"
+    config.write_text(pool_config(tiny_policy_dir, out, "broadcast").to_yaml())
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc_per_node=2", "-m", "agentrl.cli", "train", str(config)]
     result = subprocess.run(
@@ -212,14 +212,8 @@ def test_two_ranks_train_over_the_pool_under_torchrun(tiny_policy_dir, tmp_path)
 @pytest.mark.timeout(300)
 def test_a_killed_run_takes_its_servers_with_it(tiny_policy_dir, tmp_path):
     out = tmp_path / "run"
-    config = write_config(
-        tiny_policy_dir,
-        out,
-        tmp_path / "pool.yaml",
-        "engines.kind=serve",
-        "engines.count=2",
-        "trainer.steps=500",
-    )
+    config = tmp_path / "pool.yaml"
+    config.write_text(pool_config(tiny_policy_dir, out, "tensor", "trainer.steps=500").to_yaml())
     trainer = subprocess.Popen(
         [sys.executable, "-m", "agentrl.cli", "train", str(config)],
         env=subprocess_env(),
@@ -237,10 +231,7 @@ def test_a_killed_run_takes_its_servers_with_it(tiny_policy_dir, tmp_path):
     finally:
         trainer.kill()  # SIGKILL: no clean-up code runs in the trainer
         trainer.wait()
-    deadline = time.monotonic() + 30
-    while not all(gone(pid) for pid in servers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(gone(pid) for pid in servers), "the servers outlived the run (PR_SET_PDEATHSIG)"
+    assert all_gone(servers), "the servers outlived the run (PR_SET_PDEATHSIG)"
 
 
 @pytest.mark.timeout(600)
@@ -258,10 +249,7 @@ async def test_servers_placed_by_ray_train_and_end_with_the_run(tiny_policy_dir,
             assert record["pool/healthy"] == 2 and record["episodes/errors"] == 0
     assert record["mismatch/max_abs"] < 1e-3
     assert not ray.is_initialized()
-    deadline = time.monotonic() + 30
-    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert all(gone(pid) for pid in pids)
+    assert all_gone(pids)
 
 
 def test_the_broadcast_group_listens_where_the_servers_reach_the_trainer():

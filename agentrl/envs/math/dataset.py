@@ -17,14 +17,9 @@ from typing import Any, Literal
 
 import datasets
 
-Format = Literal["auto", "gsm8k", "math", "plain"]
+from agentrl.envs.data_files import READERS, read_data_file
 
-_READERS = {
-    ".jsonl": datasets.Dataset.from_json,
-    ".json": datasets.Dataset.from_json,
-    ".parquet": datasets.Dataset.from_parquet,
-    ".csv": datasets.Dataset.from_csv,
-}
+Format = Literal["auto", "gsm8k", "math", "plain"]
 
 
 @dataclass(frozen=True)
@@ -75,15 +70,7 @@ def read_dataset(source: str | Path | datasets.Dataset, split: str = "train") ->
         return source[split]
     if isinstance(source, datasets.Dataset):
         return source
-    path = Path(source).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"math dataset file not found: {path}")
-    reader = _READERS.get(path.suffix.lower())
-    if reader is None:
-        raise ValueError(
-            f"unsupported dataset file type {path.suffix!r}; use one of {sorted(_READERS)}"
-        )
-    return reader(str(path))
+    return read_data_file(source, "dataset", READERS)
 
 
 def to_problems(

@@ -23,17 +23,14 @@ from typing import Any
 
 import datasets
 
+from agentrl.envs.data_files import read_data_file
+
 DATA_DIR = Path(__file__).parent / "data"
 SHIPPED_QUESTIONS = DATA_DIR / "wordnet_questions.jsonl"
 """The shipped question set (see ``data/README.md``)."""
 SHIPPED_CORPUS = DATA_DIR / "wordnet_corpus.jsonl"
 """The shipped corpus: one passage per WordNet 3.0 noun instance and class (``data/README.md``)."""
 
-_READERS = {
-    ".jsonl": datasets.Dataset.from_json,
-    ".json": datasets.Dataset.from_json,
-    ".parquet": datasets.Dataset.from_parquet,
-}
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
@@ -133,7 +130,4 @@ def to_questions(
 def _from_file(
     path: str, mtime_ns: int, columns: tuple[tuple[str, str], ...]
 ) -> tuple[Question, ...]:
-    reader = _READERS.get(Path(path).suffix.lower())
-    if reader is None:
-        raise ValueError(f"unsupported question file type {path!r}; use one of {sorted(_READERS)}")
-    return tuple(to_questions(reader(path), dict(columns) or None))
+    return tuple(to_questions(read_data_file(path, "question"), dict(columns) or None))

@@ -31,16 +31,14 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from agentrl.envs.data_files import read_data_file
+
 if TYPE_CHECKING:
     import datasets
 
 GIT_SHA = re.compile(r"[0-9a-f]{40}")
 # A file header (--- then +++) followed by a hunk header, as `git diff` and `diff -u` write them.
 UNIFIED_DIFF = re.compile(r"^--- .*\n\+\+\+ .*\n@@ -\d+(,\d+)? \+\d+(,\d+)? @@", re.MULTILINE)
-
-# File suffix -> the datasets.Dataset constructor that reads it (datasets is imported on use:
-# it takes a second to import).
-_READERS = {".jsonl": "from_json", ".json": "from_json", ".parquet": "from_parquet"}
 
 
 class InstanceError(ValueError):
@@ -213,17 +211,7 @@ def load_instances(
     instance (rows are numbered from 0) and for a duplicate ``instance_id``;
     :class:`FileNotFoundError` for a missing file."""
     if isinstance(source, (str, Path)):
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"SWE instances file not found: {path}")
-        reader = _READERS.get(path.suffix.lower())
-        if reader is None:
-            raise ValueError(
-                f"unsupported file type {path.suffix!r}; use one of {sorted(_READERS)}"
-            )
-        import datasets
-
-        source = getattr(datasets.Dataset, reader)(str(path))
+        source = read_data_file(source, "SWE instances")
     instances: list[SWEInstance] = []
     first_row: dict[str, int] = {}
     for index, row in enumerate(source):

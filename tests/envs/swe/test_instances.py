@@ -118,7 +118,7 @@ def test_missing_file_and_unknown_suffix(tmp_path):
     with pytest.raises(FileNotFoundError, match="not found"):
         load_instances(tmp_path / "none.jsonl")
     (tmp_path / "rows.csv").write_text("instance_id\nx\n")
-    with pytest.raises(ValueError, match=r"unsupported file type '\.csv'"):
+    with pytest.raises(ValueError, match=r"unsupported SWE instances file type '\.csv'"):
         load_instances(tmp_path / "rows.csv")
 
 
