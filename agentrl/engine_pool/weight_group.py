@@ -192,17 +192,23 @@ class WeightUpdateGroup:
             await asyncio.gather(sends, *pending, return_exceptions=True)
             raise
 
-    async def close(self) -> None:
-        """Have every engine leave the group, then leave it here (the name is free again)."""
+    async def close(self, engines: Sequence[Any] | None = None) -> None:
+        """Have every engine (or those of ``engines`` in the group: the ones still up) leave the
+        group, then leave it here (the name is free again). Raises the first error of a server's
+        leave, once every leave has ended and this side has left."""
         leaves = [
             engine.destroy_weights_update_group(self.group_name)
             for engine in self.engines
             if hasattr(engine, "destroy_weights_update_group")
+            and (engines is None or engine in engines)
         ]
         try:
-            await asyncio.gather(*leaves)
+            results = await asyncio.gather(*leaves, return_exceptions=True)
         finally:
             leave_group(self.group)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     def _send(self, tensors: list[torch.Tensor]) -> None:
         for tensor in tensors:

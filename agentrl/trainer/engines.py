@@ -116,7 +116,8 @@ class RolloutEngines:
         if self.group is not None and self.group.engines == alive:
             return self.group
         if self.group is not None:
-            await self._leave(self.group, alive)
+            with contextlib.suppress(Exception):  # best effort: the servers still up leave it
+                await self.group.close(alive)
             self.group = None
             self.group_rebuilds += 1
         if not alive:
@@ -140,18 +141,6 @@ class RolloutEngines:
                 leave_group(self.group.group)
             self.group = None
             self.group_rebuilds += 1
-
-    @staticmethod
-    async def _leave(group: WeightUpdateGroup, alive: list[Any]) -> None:
-        """Have the servers still up leave ``group`` (best effort), then leave it here."""
-        leaves = [
-            engine.destroy_weights_update_group(group.group_name)
-            for engine in group.engines
-            if engine in alive
-        ]
-        await asyncio.gather(*leaves, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            leave_group(group.group)
 
     async def aclose(self) -> None:
         if self.group is not None:
