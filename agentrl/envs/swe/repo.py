@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -111,22 +112,53 @@ def unpack_sdist(sdist: str | Path, dest: str | Path) -> str:
     """Extract the ``.tar.gz`` ``sdist`` into ``dest`` (created, must not exist) with its single
     top directory stripped, as ``tar xzf SDIST --strip-components=1`` does; returns that
     directory's name. Links out of the tree and absolute paths are refused (tarfile's ``data``
-    filter)."""
+    filter, or the same checks on Pythons before 3.11.4, which lack it: Debian 12's 3.11.2)."""
     dest = Path(dest)
+    if dest.exists():
+        raise FileExistsError(f"{dest} exists")
     with tarfile.open(sdist, "r:gz") as archive:
         members = archive.getmembers()
         tops = {member.name.split("/", 1)[0] for member in members}
         if len(tops) != 1:
             raise ValueError(f"{sdist}: expected one top directory, found {sorted(tops)}")
         (top,) = tops
-        dest.mkdir(parents=True)
-        stripped = [
-            member.replace(name=member.name.split("/", 1)[1], deep=False)
-            for member in members
-            if "/" in member.name.strip("/")
-        ]
-        archive.extractall(dest, members=stripped, filter="data")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=dest.parent) as scratch:
+            if hasattr(tarfile, "data_filter"):
+                archive.extractall(scratch, members=members, filter="data")
+            else:
+                _refuse_unsafe(members, Path(scratch), sdist)
+                for member in members:  # as the filter: owned by us, no setuid or shared write
+                    member.uid, member.gid, member.uname, member.gname = (
+                        os.getuid(),
+                        os.getgid(),
+                        "",
+                        "",
+                    )
+                    member.mode = (member.mode & 0o755) | (0o600 if member.isfile() else 0o700)
+                archive.extractall(scratch, members=members)
+            (Path(scratch) / top).rename(dest)
     return top
+
+
+def _refuse_unsafe(members: list[tarfile.TarInfo], root: Path, sdist: str | Path) -> None:
+    """Refuse what tarfile's ``data`` filter refuses: absolute paths, paths and links that leave
+    ``root``, and special files."""
+    root = root.resolve()
+
+    def inside(path: Path) -> bool:
+        return path.resolve().is_relative_to(root)
+
+    for member in members:
+        where = root / member.name
+        if Path(member.name).is_absolute() or not inside(where):
+            raise ValueError(f"{sdist}: {member.name!r} is outside the archive's tree")
+        if member.issym() and not inside(where.parent / member.linkname):
+            raise ValueError(f"{sdist}: the link {member.name!r} leaves the tree")
+        if member.islnk() and not inside(root / member.linkname):
+            raise ValueError(f"{sdist}: the link {member.name!r} leaves the tree")
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            raise ValueError(f"{sdist}: {member.name!r} is a special file")
 
 
 def files_added_by(diff: str) -> list[str]:

@@ -430,3 +430,49 @@ def test_one_shipped_instance_per_project_fails_then_passes_on_the_host(tmp_path
 def test_project_files_are_plain_json():
     for path in (DATA / "projects").glob("*.json"):
         assert set(json.loads(path.read_text())) == set(SdistProject.model_fields)
+
+
+@pytest.fixture(params=["data filter", "same checks"])
+def extraction(request, monkeypatch):
+    """Both ways unpack_sdist extracts: tarfile's data filter (3.11.4+) and, on Pythons without
+    it (Debian 12's 3.11.2), the same checks before a plain extraction."""
+    if request.param == "same checks":
+        monkeypatch.delattr(tarfile, "data_filter")
+    return request.param
+
+
+def test_both_extractions_give_the_shipped_environment_commits(tmp_path, extraction):
+    _, projects = _shipped()
+    for project in projects.values():
+        sha = build_environment_tree(DATA / "projects" / project.sdist, tmp_path / project.name)
+        assert sha == project.environment_setup_commit
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        tarfile.TarInfo("tiny-0.1/../../escape.py"),
+        tarfile.TarInfo("/tiny-0.1/absolute.py"),
+        "symlink",
+        "device",
+    ],
+    ids=["dotdot", "absolute", "symlink", "device"],
+)
+def test_both_extractions_refuse_what_leaves_the_tree(tmp_path, extraction, member):
+    sdist = _sdist(tmp_path, {"a.py": "x = 1\n"})
+    with tarfile.open(sdist, "r:gz") as archive:
+        members = [(m, archive.extractfile(m).read()) for m in archive.getmembers()]
+    if member == "symlink":
+        member = tarfile.TarInfo("tiny-0.1/link")
+        member.type, member.linkname = tarfile.SYMTYPE, "../../../etc/passwd"
+    elif member == "device":
+        member = tarfile.TarInfo("tiny-0.1/null")
+        member.type, member.devmajor, member.devminor = tarfile.CHRTYPE, 1, 3
+    with tarfile.open(sdist, "w:gz") as archive:
+        for info, data in members:
+            archive.addfile(info, io.BytesIO(data))
+        archive.addfile(member)
+    refused = (ValueError, getattr(tarfile, "FilterError", ValueError))
+    with pytest.raises(refused):
+        unpack_sdist(sdist, tmp_path / "clean")
+    assert not (tmp_path / "clean").exists() and not (tmp_path.parent / "escape.py").exists()
