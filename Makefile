@@ -24,11 +24,12 @@ demo: $(STAMP)
 	$(BIN)/agentrl train examples/math_grpo_cpu.yaml trainer.output_dir=runs/demo
 
 # sandboxes/setup.sh (idempotent, ~0.3 s once done) installs and starts what the sandbox tests need:
-# bubblewrap, Podman and its Docker-compatible API, the sandbox image. DOCKER_HOST, when set, names
+# bubblewrap, Podman and its Docker-compatible API, the sandbox images (`all`: python, the SWE base
+# and one per shipped SWE project, ~35 s from the base the first time). DOCKER_HOST, when set, names
 # another engine (a Docker Engine) for the container tests instead.
 test: export DOCKER_HOST ?= unix:///run/podman/podman.sock
 test: $(STAMP) lint
-	sandboxes/setup.sh
+	sandboxes/setup.sh all
 	PYTHON=$(PYTHON) scripts/setup-sglang-env
 	$(BIN)/python -m pytest -q
 
@@ -38,9 +39,12 @@ TYPED := agentrl/engine_pool/engine.py agentrl/engine_pool/sglang_api.py \
 	agentrl/engine_pool/weight_group.py agentrl/engine_pool/pool.py \
 	agentrl/tokenization/*.py agentrl/models.py agentrl/rollout/mixture.py \
 	agentrl/rollout/runner.py agentrl/rollout/trajectory.py agentrl/trainer/engines.py \
-	agentrl/trainer/rl_batch.py agentrl/tools/retriever.py agentrl/tools/retriever_service.py \
+	agentrl/trainer/rl_batch.py agentrl/trainer/advantages.py agentrl/trainer/off_policy.py \
+	agentrl/trainer/losses.py agentrl/trainer/logprobs.py agentrl/trainer/metrics.py \
+	agentrl/tools/retriever.py agentrl/tools/retriever_service.py \
 	agentrl/tools/retrieval_corpus.py agentrl/tools/retriever_cli.py agentrl/envs/search/*.py \
-	agentrl/envs/data_files.py agentrl/envs/swe/*.py agentrl/envs/swe/taskgen/*.py
+	agentrl/envs/data_files.py agentrl/envs/swe/*.py agentrl/envs/swe/taskgen/*.py \
+	agentrl/tools/arg_tags.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentrl tests bench

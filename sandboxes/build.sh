@@ -2,12 +2,16 @@
 # Build the sandbox images with Podman or Docker, each only when it is missing or its recipe changed.
 #
 #   sandboxes/build.sh [python|swe|all] [--force]      (default: python; --force rebuilds each one)
+#   sandboxes/build.sh swe-project PROJECT.json [--force]
 #
 # 1. Base, localhost/agentrl-debian:bookworm: pulled from $BASE_PULL when its registry answers,
 #    otherwise bootstrapped with debootstrap (minbase + python3, mirror from the apt sources) and
 #    imported, without apt lists, docs, man pages or locales.
 # 2. python: sandboxes/python/Containerfile -> localhost/agentrl-python:latest (the sandbox image).
-# 3. swe (with `swe` or `all`): sandboxes/swe/Containerfile -> localhost/agentrl-swe-base:latest.
+# 3. swe (with `swe` or `all`): sandboxes/swe/Containerfile -> localhost/agentrl-swe-base:latest,
+#    then one image per shipped SWE project (agentrl/envs/swe/data/projects/*.json, or those in
+#    $SWE_PROJECTS): sandboxes/swe-project/Containerfile -> localhost/agentrl-swe-<name>:<version>.
+#    `swe-project PROJECT.json` builds the base and that one project's image.
 #
 # An image is up to date when its `agentrl.recipe` label matches the hash of its Containerfile and
 # of the base image's id. Environment (defaults in brackets):
@@ -33,13 +37,24 @@ die() {
 
 target=python
 force=0
+projects=()
+usage="usage: sandboxes/build.sh [python|swe|all] [--force] | swe-project PROJECT.json [--force]"
 for arg in "$@"; do
   case $arg in
-    python | swe | all) target=$arg ;;
+    python | swe | all | swe-project) target=$arg ;;
     --force) force=1 ;;
-    *) die "unknown argument '$arg' (usage: sandboxes/build.sh [python|swe|all] [--force])" ;;
+    *.json)
+      [ "$target" = swe-project ] || die "$arg: a project file goes after swe-project ($usage)"
+      projects+=("$arg")
+      ;;
+    *) die "unknown argument '$arg' ($usage)" ;;
   esac
 done
+if [ "$target" = swe-project ]; then
+  [ "${#projects[@]}" -gt 0 ] || die "swe-project needs a project file ($usage)"
+elif [ "$target" = swe ] || [ "$target" = all ]; then
+  projects=("${SWE_PROJECTS:-$here/../agentrl/envs/swe/data/projects}"/*.json)
+fi
 
 if [ -n "${CONTAINER_CLI:-}" ]; then
   cli=$CONTAINER_CLI
@@ -134,37 +149,62 @@ build_base() {
   bootstrap_base
 }
 
-build_recipe() { # $1: recipe directory under sandboxes/, $2: image
-  local file=$here/$1/Containerfile start=$SECONDS recipe
+# $1: recipe directory under sandboxes/, $2: image, $3: the image it starts FROM, then build args
+build_recipe() {
+  local recipe_dir=$1 file=$here/$1/Containerfile image=$2 from=$3 start=$SECONDS recipe
+  shift 3
   recipe=$({
     cat "$file"
-    inspect "$BASE_IMAGE" '{{.Id}}'
+    inspect "$from" '{{.Id}}'
+    if [ $# -gt 0 ]; then printf '%s\n' "$@"; fi # none for python and swe: their hashes stay
   } | sha256sum | cut -c1-16)
-  if [ "$force" = 0 ] && [ "$(inspect "$2" '{{index .Config.Labels "agentrl.recipe"}}')" = "$recipe" ]; then
-    log "$2: up to date"
+  if [ "$force" = 0 ] && [ "$(inspect "$image" '{{index .Config.Labels "agentrl.recipe"}}')" = "$recipe" ]; then
+    log "$image: up to date"
     return
   fi
-  log "$2: building from sandboxes/$1/Containerfile"
-  local options=(--build-arg "BASE=$BASE_IMAGE" --label "agentrl.recipe=$recipe" -t "$2" -f "$file")
+  log "$image: building from sandboxes/$recipe_dir/Containerfile"
+  local options=(--build-arg "BASE=$from" --label "agentrl.recipe=$recipe" -t "$image" -f "$file")
+  local arg
+  for arg in "$@"; do options+=(--build-arg "$arg"); done
   [ "$force" = 1 ] && options+=(--no-cache)
   local build_log
   build_log=$(mktemp -t agentrl-build.XXXXXX)
-  "$cli" build "${options[@]}" "$here/$1" >"$build_log" 2>&1 || {
+  "$cli" build "${options[@]}" "$here/$recipe_dir" >"$build_log" 2>&1 || {
     tail -n 30 "$build_log" >&2
-    die "building $2 failed (log: $build_log)"
+    die "building $image failed (log: $build_log)"
   }
   rm -f "$build_log"
   # What the container backend relies on: uid 65534 can write to the tmpfs /work and run python3.
   "$cli" run --rm --network none --read-only --user 65534:65534 --tmpfs /work:rw,size=16m,mode=1777 \
-    "$2" python3 -c 'open("/work/probe", "w").write("ok")' ||
-    die "$2 was built, but uid 65534 cannot write to /work in it"
-  built "$2" "$start"
+    "$image" python3 -c 'open("/work/probe", "w").write("ok")' ||
+    die "$image was built, but uid 65534 cannot write to /work in it"
+  built "$image" "$start"
+}
+
+# One SWE project's image, named and configured by its project file as agentrl.envs.swe.images
+# reads it: localhost/agentrl-swe-<name>:<version> with the project's apt_packages.
+build_project() {
+  local fields image project packages
+  fields=$(python3 -c '
+import json, re, sys
+project = json.load(open(sys.argv[1]))
+name = re.sub(r"[^a-z0-9_.-]+", "-", project["name"].lower())
+version = re.sub(r"[^A-Za-z0-9_.-]+", "-", project["version"])
+print(f"localhost/agentrl-swe-{name}:{version}")
+print(project["name"] + "==" + project["version"])
+print(" ".join(project.get("apt_packages", [])))
+' "$1") || die "$1 is not a readable SWE project file"
+  { read -r image; read -r project; read -r packages || true; } <<<"$fields" # no packages: no line
+  build_recipe swe-project "$image" "$SWE_IMAGE" "APT_PACKAGES=$packages" "PROJECT=$project"
 }
 
 build_base
-if [ "$target" != swe ]; then
-  build_recipe python "$PYTHON_IMAGE"
+if [ "$target" = python ] || [ "$target" = all ]; then
+  build_recipe python "$PYTHON_IMAGE" "$BASE_IMAGE"
 fi
 if [ "$target" != python ]; then
-  build_recipe swe "$SWE_IMAGE"
+  build_recipe swe "$SWE_IMAGE" "$BASE_IMAGE"
+  for project in "${projects[@]}"; do
+    build_project "$project"
+  done
 fi

@@ -34,6 +34,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "agentrl/Math-v0": "agentrl.envs.math.env:MathEnv",
     "agentrl/Code-v0": "agentrl.envs.code.env:CodeEnv",
     "agentrl/Search-v0": "agentrl.envs.search.env:SearchEnv",
+    "agentrl/SWE-v0": "agentrl.envs.swe.env:SWEEnv",
 }
 
 

@@ -10,6 +10,7 @@ replacement) raises, which :class:`~agentrl.tools.ToolSet` turns into an ``Error
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Awaitable, Callable
 
 from agentrl.tools.sandbox import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, Sandbox, SandboxError
@@ -27,8 +28,20 @@ def sandbox_tools(
     timeout: float = 30.0,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     names: tuple[str, ...] = ("python", "bash", "view", "create_file", "str_replace"),
+    workdir: str | None = None,
 ) -> list[Tool]:
-    """The tools named in ``names`` (default: all five), each running in ``await get_sandbox()``."""
+    """The tools named in ``names`` (default: all five), each running in ``await get_sandbox()``.
+
+    ``workdir`` (absolute) is where ``bash`` starts and what relative file paths resolve against;
+    default: the sandbox's own work directory.
+    """
+    if workdir is not None and not workdir.startswith("/"):
+        raise ValueError(f"workdir must be an absolute path, got {workdir!r}")
+    enter = f"cd {shlex.quote(workdir)} || exit 1\n" if workdir else ""
+
+    def where(path: str) -> str:
+        return path if workdir is None or path.startswith("/") else f"{workdir}/{path}"
+
     limits = f"Time limit: {timeout:g} s; output is cut after {max_output_bytes} bytes per stream."
 
     async def python(code: str) -> str:
@@ -50,7 +63,7 @@ def sandbox_tools(
         """
         sandbox = await get_sandbox()
         result = await sandbox.exec(
-            ["bash", "-c", command], timeout=timeout, max_output_bytes=max_output_bytes
+            ["bash", "-c", enter + command], timeout=timeout, max_output_bytes=max_output_bytes
         )
         return result_text(result, timeout=timeout, max_output_bytes=max_output_bytes)
 
@@ -62,7 +75,7 @@ def sandbox_tools(
             start_line: First line to show (1-based).
             end_line: Last line to show; -1 means the end of the file.
         """
-        lines = await _read_lines(await get_sandbox(), path)
+        lines = await _read_lines(await get_sandbox(), where(path))
         last = len(lines) if end_line == -1 else min(end_line, len(lines))
         if start_line < 1 or last < start_line - 1:
             raise SandboxError(
@@ -77,7 +90,7 @@ def sandbox_tools(
             path: File path, relative to the work directory or absolute.
             content: The complete file content.
         """
-        await (await get_sandbox()).write_file(path, content)
+        await (await get_sandbox()).write_file(where(path), content)
         return f"Wrote {len(content.splitlines())} lines to {path}."
 
     async def str_replace(path: str, old: str, new: str) -> str:
@@ -89,14 +102,14 @@ def sandbox_tools(
             new: The replacement text.
         """
         sandbox = await get_sandbox()
-        text = "".join(await _read_lines(sandbox, path))
+        text = "".join(await _read_lines(sandbox, where(path)))
         count = text.count(old) if old else 0
         if count != 1:
-            where = "is empty" if not old else f"occurs {count} times in {path}"
-            raise SandboxError(f"`old` {where}; it must occur exactly once (add context lines)")
+            problem = "is empty" if not old else f"occurs {count} times in {path}"
+            raise SandboxError(f"`old` {problem}; it must occur exactly once (add context lines)")
         start = text[: text.index(old)].count("\n") + 1
         text = text.replace(old, new, 1)
-        await sandbox.write_file(path, text)
+        await sandbox.write_file(where(path), text)
         lines = text.splitlines(keepends=True)
         first = max(start - _SNIPPET_LINES, 1)
         last = min(start + new.count("\n") + _SNIPPET_LINES, len(lines))

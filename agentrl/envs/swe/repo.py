@@ -75,6 +75,9 @@ class SdistProject(BaseModel):
     """The sha of the clean tree's commit (:func:`commit_tree` with message ``"environment"``)."""
     passing_tests: int
     """How many tests passed on the clean tree when the tasks were generated."""
+    apt_packages: list[str] = []
+    """Debian packages the project's tests need beyond the SWE base image (python3, pytest, git,
+    a C toolchain); ``sandboxes/build.sh`` installs them in the project's image."""
 
 
 def git_env(cwd: Path) -> dict[str, str]:

@@ -1,0 +1,258 @@
+"""``agentrl/SWE-v0``: fix a bug in a repository inside a sandbox; reward from its hidden tests.
+
+Each episode gets a fresh sandbox from its project's image (:mod:`agentrl.envs.swe.projects`)
+holding the instance's repository at ``base_commit`` in :data:`~agentrl.envs.swe.workspace.REPO_DIR`
+(one commit, no future history, no hidden tests: :mod:`agentrl.envs.swe.workspace`). The agent
+sees the problem statement and works with five tools, in the Hermes format (``<tool_call>`` JSON)
+or the tag format (:class:`~agentrl.tools.arg_tags.ArgTagParser`):
+
+- ``bash(command)``: a command in the repository (no network);
+- ``view(path, start_line, end_line)``: a file with line numbers;
+- ``create(path, content)``: write a file;
+- ``str_replace(path, old, new)``: replace one exact occurrence;
+- ``submit()``: end the episode and have the work graded.
+
+A turn without a tool call gets a reminder. On ``submit``, or when ``max_turns`` turns have
+passed, the environment takes ``git diff`` of the repository against ``base_commit`` and grades
+it in a second, fresh sandbox (:mod:`agentrl.envs.swe.grading`): reward 1.0 when every
+FAIL_TO_PASS and PASS_TO_PASS test passes, else 0.0. ``info`` then holds ``resolved``, the
+passed/total counts of both lists, ``grading_reason``, ``patch_bytes`` and ``submitted`` (False
+when the turn limit ended the episode). An infrastructure failure (no sandbox, a repository that
+would not set up, a diff that could not be taken) sets ``info["infra_error"]``
+(:data:`~agentrl.envs.INFRA_ERROR`) and ends the episode; its reward means nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from agentrl.config import Config
+from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
+from agentrl.envs.swe.grading import grade
+from agentrl.envs.swe.instances import SWEInstance, load_instances
+from agentrl.envs.swe.projects import SHIPPED_PROJECTS, Project, load_projects, project_of
+from agentrl.envs.swe.workspace import REPO_DIR, BaseTrees, WorkspaceError, checkout
+from agentrl.tools import HermesParser, SandboxLimits, ToolCall, ToolSet, sandbox_factory
+from agentrl.tools.arg_tags import ArgTagParser
+from agentrl.tools.sandbox import Sandbox, SandboxError
+from agentrl.tools.sandbox_tools import sandbox_tools
+from agentrl.tools.tool import Tool
+
+SHIPPED_INSTANCES = Path(__file__).parent / "data" / "instances.jsonl"
+"""The shipped generated instances (``agentrl/envs/swe/data/instances.jsonl``)."""
+
+_TREES = BaseTrees()  # base-tree archives are shared by every environment of the process
+_DIFF_SH = (
+    f"cd {REPO_DIR} && git -c core.hooksPath=/dev/null add -A -- . "
+    "':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/.pytest_cache/**' && "
+    "git -c core.hooksPath=/dev/null diff --cached --binary --no-color --no-ext-diff "
+    '--no-textconv "$1"'
+)
+
+
+class SWEConfig(Config):
+    """Keyword arguments of ``gymnasium.make("agentrl/SWE-v0", ...)``."""
+
+    instances: str | Path | None = None
+    """A .jsonl/.json/.parquet file of generated instances; None uses the shipped set."""
+    instance_ids: list[str] | None = None
+    """Restrict the episodes to these instance ids."""
+    projects: str | Path = SHIPPED_PROJECTS
+    """The directory of the instances' project files and source distributions."""
+    max_turns: int = Field(30, ge=1)
+    """After this many assistant turns the work is graded as if submitted."""
+    tool_format: Literal["hermes", "tags"] = "hermes"
+    """How the model calls tools."""
+    system_prompt: str | None = None
+    """Replaces the built-in system prompt."""
+    sandbox: Literal["container", "bwrap"] = "container"
+    """Sandbox backend. bwrap needs git and python3 with pytest under the host's /usr."""
+    sandbox_limits: SandboxLimits = SandboxLimits(memory_mb=1024, pids=256, cpus=1.0, disk_mb=512)
+    """Limits of the episode's sandbox and of the grading one."""
+    tool_timeout: float = Field(60.0, gt=0)
+    """Wall-clock limit of one tool call, in seconds."""
+    tool_max_output_bytes: int = Field(16_384, ge=256)
+    """Cap on each of stdout and stderr of a tool call (the observation's length)."""
+    test_timeout: float = Field(600.0, gt=0)
+    """Wall-clock limit of the grading test run, in seconds."""
+
+
+class SWEEnv(AgentEnv):
+    """SWE-bench-style bug fixing in a sandbox (see the module docstring)."""
+
+    def __init__(self, **kwargs: Any):
+        self.config = config = SWEConfig.build("agentrl/SWE-v0", kwargs)
+        self.instances = _select(
+            load_instances(config.instances or SHIPPED_INSTANCES), config.instance_ids
+        )
+        known = load_projects(config.projects)
+        self.projects = {i.instance_id: project_of(i, known) for i in self.instances}
+        self.instance: SWEInstance | None = None
+        self.sandbox: Sandbox | None = None
+        self.turns = 0
+        tools = sandbox_tools(
+            self._episode_sandbox,
+            timeout=config.tool_timeout,
+            max_output_bytes=config.tool_max_output_bytes,
+            names=("bash", "view", "create_file", "str_replace"),
+            workdir=REPO_DIR,
+        )
+        tools = [
+            dataclasses.replace(t, name="create") if t.name == "create_file" else t for t in tools
+        ]
+        tools.append(Tool.from_function(submit))
+        self.tools = ToolSet(tools)
+        self.parser = HermesParser() if config.tool_format == "hermes" else ArgTagParser(tools)
+
+    def _factory(self, project: Project) -> Any:
+        return sandbox_factory(self.config.sandbox, self.config.sandbox_limits, image=project.image)
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetResult:
+        await super().areset(seed=seed, options=options)
+        await self._end_episode()
+        index = (options or {}).get("index")
+        if index is None:
+            index = int(self.np_random.integers(len(self.instances)))
+        if not 0 <= index < len(self.instances):
+            raise IndexError(f"options['index']={index} is outside 0..{len(self.instances) - 1}")
+        self.instance = instance = self.instances[index]
+        self.turns = 0
+        project = self.projects[instance.instance_id]
+        archive = _TREES.archive(instance, project.sdist)
+        try:
+            self.sandbox = await self._factory(project)()
+            await checkout(self.sandbox, instance, archive)
+        except (SandboxError, WorkspaceError) as exc:
+            await self._end_episode()
+            hint = (
+                f" (build the image with `{project.build_command}`)"
+                if "not found" in str(exc)
+                else ""
+            )
+            raise RuntimeError(
+                f"agentrl/SWE-v0: cannot start {instance.instance_id!r}: {exc}{hint}"
+            ) from exc
+        messages = [
+            {
+                "role": "system",
+                "content": self.config.system_prompt or self.default_system_prompt(),
+            },
+            {"role": "user", "content": self._task(instance)},
+        ]
+        return messages, {"tools": self.tools.schemas(), "instance_id": instance.instance_id}
+
+    async def astep(self, action: str) -> StepResult:
+        if self.instance is None or self.sandbox is None:
+            raise RuntimeError("SWEEnv.step() before reset() (or after the episode ended)")
+        self.turns += 1
+        parsed = self.parser.parse(action)
+        calls = parsed.calls
+        submitted = any(call.name == "submit" for call in calls)
+        if submitted:
+            calls = calls[: next(i for i, call in enumerate(calls) if call.name == "submit")]
+        messages = await self.tools.run(calls, parsed.errors)
+        info: dict[str, Any] = {"tool_calls": len(parsed.calls), "tool_errors": len(parsed.errors)}
+        if submitted or self.turns >= self.config.max_turns:
+            reward, grading = await self._grade()
+            return [], reward, True, False, info | grading | {"submitted": submitted}
+        if not parsed.calls and not parsed.errors:
+            messages = [{"role": "user", "content": self._reminder()}]
+        return messages, 0.0, False, False, info
+
+    async def _grade(self) -> tuple[float, dict[str, Any]]:
+        assert self.instance is not None and self.sandbox is not None
+        instance, project = self.instance, self.projects[self.instance.instance_id]
+        try:
+            diff = await self.sandbox.exec(
+                ["sh", "-c", _DIFF_SH, "sh", instance.base_commit],
+                timeout=120,
+                max_output_bytes=(1 << 20) + 1,
+            )
+        except SandboxError as exc:
+            await self._end_episode()
+            return 0.0, {INFRA_ERROR: f"taking the diff failed: {exc}", "resolved": False}
+        await self._end_episode()
+        info: dict[str, Any] = {"patch_bytes": len(diff.stdout.encode())}
+        if diff.exit_code != 0 or diff.truncated:
+            # The agent can break its own repository (delete .git, rewrite objects): its fault.
+            why = (
+                "is larger than 1 MiB"
+                if diff.truncated
+                else f"failed: {diff.stderr.strip()[-500:]}"
+            )
+            return 0.0, info | {"resolved": False, "grading_reason": f"git diff {why}"}
+        result = await grade(
+            instance,
+            diff.stdout,
+            sandboxes=self._factory(project),
+            archive=_TREES.archive(instance, project.sdist),
+            test_command=project.spec.test_command,
+            test_env=project.spec.test_env,
+            timeout=self.config.test_timeout,
+        )
+        info |= result.info()
+        if result.infra_error is not None:
+            info[INFRA_ERROR] = result.infra_error
+        return float(result.resolved), info
+
+    async def aclose(self) -> None:
+        await self._end_episode()
+
+    async def _episode_sandbox(self) -> Sandbox:
+        if self.sandbox is None:
+            raise SandboxError("the episode has ended: there is no sandbox")
+        return self.sandbox
+
+    async def _end_episode(self) -> None:
+        sandbox, self.sandbox = self.sandbox, None
+        if sandbox is not None:
+            await sandbox.close()
+
+    def _task(self, instance: SWEInstance) -> str:
+        return (
+            f"The repository {instance.repo} (version {instance.version}) is checked out in "
+            f"{REPO_DIR}. Resolve this issue:\n\n{instance.problem_statement.strip()}\n\n"
+            "Change the source files, not the tests; call submit when you are done."
+        )
+
+    def _reminder(self) -> str:
+        return f"Call a tool to work on the repository, or submit. {self._call_examples()}"
+
+    def _call_examples(self) -> str:
+        examples = [
+            ToolCall("bash", {"command": "grep -rn 'def ' --include=*.py | head"}),
+            ToolCall("view", {"path": "README.md", "start_line": 1, "end_line": 20}),
+            ToolCall("str_replace", {"path": "pkg/mod.py", "old": "a < b", "new": "a <= b"}),
+            ToolCall("submit", {}),
+        ]
+        return "For example:\n" + "\n".join(self.parser.format(call) for call in examples)
+
+    def default_system_prompt(self) -> str:
+        return (
+            "You are a software engineer fixing a bug in a Python repository inside a sandbox "
+            "without network access. Explore the code, reproduce the problem, edit the source "
+            "and run the tests with bash. Tools: bash, view, create, str_replace and submit. "
+            f"{self._call_examples()}\nYou have {self.config.max_turns} turns; the work is "
+            "graded by hidden tests when you submit or the turns run out."
+        )
+
+
+def submit() -> str:
+    """Submit the repository's current state for grading; ends the episode."""
+    return "submitted"
+
+
+def _select(instances: list[SWEInstance], ids: list[str] | None) -> list[SWEInstance]:
+    if ids is None:
+        return instances
+    by_id = {instance.instance_id: instance for instance in instances}
+    unknown = [i for i in ids if i not in by_id]
+    if unknown:
+        raise ValueError(f"unknown instance ids {unknown}; known: {sorted(by_id)[:10]}...")
+    return [by_id[i] for i in ids]
