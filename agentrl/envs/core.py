@@ -20,6 +20,10 @@ The whole contract:
   Its reward means nothing: the rollout runner records the message in ``Trajectory.infra_error``
   and the trainer leaves the episode out of the group statistics and the loss, counting it in
   ``episodes/infra_errors``.
+- **The last turn**: :class:`~agentrl.envs.wrappers.TurnLimit` (``max_turns``) sets
+  :attr:`AgentEnv.final_turn` before the step after which it will truncate the episode, so an
+  environment that judges the work at the end (SWE-v0 grades the repository) judges it on that step
+  instead of being cut off unjudged.
 - **Seeding**: subclasses call ``await super().areset(seed=seed, options=options)`` first, the async
   twin of Gymnasium's ``super().reset(seed=seed)``; it seeds :attr:`np_random`.
 
@@ -54,6 +58,9 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     observation_space = ChatMessages()
     action_space = AssistantText()
+    final_turn: bool = False
+    """True during the step after which a turn limit will truncate the episode (see the module
+    docstring); False otherwise."""
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

@@ -36,6 +36,8 @@ BUILTIN_ENVS: dict[str, str] = {
     "agentrl/Search-v0": "agentrl.envs.search.env:SearchEnv",
     "agentrl/SWE-v0": "agentrl.envs.swe.env:SWEEnv",
 }
+BUILTIN_DEFAULTS: dict[str, dict[str, Any]] = {"agentrl/SWE-v0": {"max_turns": 30}}
+"""Default keyword arguments of built-in environments (a caller's own arguments replace them)."""
 
 
 class EnvFactory:
@@ -95,7 +97,7 @@ def register_env(env_id: str, target: str | type[AgentEnv], **spec_kwargs: Any) 
 def register_builtin_envs() -> None:
     for env_id, target in BUILTIN_ENVS.items():
         if env_id not in gymnasium.registry:
-            register_env(env_id, target)
+            register_env(env_id, target, kwargs=BUILTIN_DEFAULTS.get(env_id, {}))
 
 
 def register_plugin_envs() -> list[str]:

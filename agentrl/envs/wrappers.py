@@ -85,7 +85,8 @@ class EpisodeGuard(AgentWrapper):
 
 
 class TurnLimit(AgentWrapper):
-    """Truncates the episode after ``max_turns`` assistant turns (sets ``truncated``)."""
+    """Truncates the episode after ``max_turns`` assistant turns (sets ``truncated``), and
+    tells the environment which step is the last (:attr:`AgentEnv.final_turn`)."""
 
     def __init__(self, env: AgentEnv | AgentWrapper, max_turns: int):
         if max_turns < 1:
@@ -98,9 +99,11 @@ class TurnLimit(AgentWrapper):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> ResetResult:
         self._turns = 0
+        self.env.unwrapped.final_turn = False  # type: ignore[attr-defined]
         return await self.env.areset(seed=seed, options=options)
 
     async def astep(self, action: str) -> StepResult:
+        self.env.unwrapped.final_turn = self._turns + 1 >= self.max_turns  # type: ignore[attr-defined]
         obs, reward, terminated, truncated, info = await self.env.astep(action)
         self._turns += 1
         if self._turns >= self.max_turns and not terminated:

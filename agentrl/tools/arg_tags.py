@@ -4,7 +4,7 @@
 :class:`ArgTagParser` extends that to tools with several arguments, built from their
 :class:`~agentrl.tools.Tool` schemas::
 
-    <bash>ls -la</bash>                                     (one required argument: the content)
+    <bash>ls -la</bash>                                     (one argument: the content)
     <str_replace>
     <path>pkg/mod.py</path>
     <old>return a < b</old>
@@ -79,8 +79,8 @@ class ArgTagParser:
         return f"<{call.name}>{inner}\n</{call.name}>" if inner else f"<{call.name}></{call.name}>"
 
     def _single(self, tool: str) -> bool:
-        """A tool whose one required argument is the tag's whole content."""
-        return len(self._required[tool]) == 1 and self._params[tool][0] in self._required[tool]
+        """A tool of one argument: the tag's whole content is its value."""
+        return len(self._params[tool]) == 1
 
     def _arguments(self, call: ToolCall) -> ToolCall | ToolCallError:
         body: str = call.arguments[_BODY]

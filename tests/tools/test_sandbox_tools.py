@@ -73,3 +73,16 @@ async def test_a_crashed_sandbox_is_replaced_on_the_next_call(episode):
 def test_unknown_tool_names_are_rejected():
     with pytest.raises(ValueError, match="unknown sandbox tools"):
         sandbox_tools(lambda: None, names=("python", "rm_rf"))
+
+
+async def test_a_workdir_is_where_bash_starts_and_relative_paths_resolve(episode):
+    tools = ToolSet(sandbox_tools(episode.get, workdir="/work/repo"))
+    await (await episode.get()).exec("mkdir /work/repo")
+    assert (await call(tools, "create_file", path="a.txt", content="one\n")).startswith("Wrote")
+    assert await call(tools, "bash", command="pwd; cat a.txt") == "/work/repo\none\n"
+    assert (await call(tools, "str_replace", path="a.txt", old="one", new="two")).startswith(
+        "Edited"
+    )
+    assert await call(tools, "view", path="/work/repo/a.txt") == "1\ttwo\n"
+    with pytest.raises(ValueError, match="absolute"):
+        sandbox_tools(episode.get, workdir="repo")

@@ -12,8 +12,9 @@ or the tag format (:class:`~agentrl.tools.arg_tags.ArgTagParser`):
 - ``str_replace(path, old, new)``: replace one exact occurrence;
 - ``submit()``: end the episode and have the work graded.
 
-A turn without a tool call gets a reminder. On ``submit``, or when ``max_turns`` turns have
-passed, the environment takes ``git diff`` of the repository against ``base_commit`` and grades
+A turn without a tool call gets a reminder. On ``submit``, or on the last turn that the standard
+``max_turns`` argument allows (default 30 for this environment; :attr:`AgentEnv.final_turn`), the
+environment takes ``git diff`` of the repository against ``base_commit`` and grades
 it in a second, fresh sandbox (:mod:`agentrl.envs.swe.grading`): reward 1.0 when every
 FAIL_TO_PASS and PASS_TO_PASS test passes, else 0.0. ``info`` then holds ``resolved``, the
 passed/total counts of both lists, ``grading_reason``, ``patch_bytes`` and ``submitted`` (False
@@ -63,8 +64,6 @@ class SWEConfig(Config):
     """Restrict the episodes to these instance ids."""
     projects: str | Path = SHIPPED_PROJECTS
     """The directory of the instances' project files and source distributions."""
-    max_turns: int = Field(30, ge=1)
-    """After this many assistant turns the work is graded as if submitted."""
     tool_format: Literal["hermes", "tags"] = "hermes"
     """How the model calls tools."""
     system_prompt: str | None = None
@@ -93,7 +92,6 @@ class SWEEnv(AgentEnv):
         self.projects = {i.instance_id: project_of(i, known) for i in self.instances}
         self.instance: SWEInstance | None = None
         self.sandbox: Sandbox | None = None
-        self.turns = 0
         tools = sandbox_tools(
             self._episode_sandbox,
             timeout=config.tool_timeout,
@@ -122,7 +120,6 @@ class SWEEnv(AgentEnv):
         if not 0 <= index < len(self.instances):
             raise IndexError(f"options['index']={index} is outside 0..{len(self.instances) - 1}")
         self.instance = instance = self.instances[index]
-        self.turns = 0
         project = self.projects[instance.instance_id]
         archive = _TREES.archive(instance, project.sdist)
         try:
@@ -150,7 +147,6 @@ class SWEEnv(AgentEnv):
     async def astep(self, action: str) -> StepResult:
         if self.instance is None or self.sandbox is None:
             raise RuntimeError("SWEEnv.step() before reset() (or after the episode ended)")
-        self.turns += 1
         parsed = self.parser.parse(action)
         calls = parsed.calls
         submitted = any(call.name == "submit" for call in calls)
@@ -158,7 +154,7 @@ class SWEEnv(AgentEnv):
             calls = calls[: next(i for i, call in enumerate(calls) if call.name == "submit")]
         messages = await self.tools.run(calls, parsed.errors)
         info: dict[str, Any] = {"tool_calls": len(parsed.calls), "tool_errors": len(parsed.errors)}
-        if submitted or self.turns >= self.config.max_turns:
+        if submitted or self.final_turn:
             reward, grading = await self._grade()
             return [], reward, True, False, info | grading | {"submitted": submitted}
         if not parsed.calls and not parsed.errors:
@@ -196,7 +192,7 @@ class SWEEnv(AgentEnv):
             test_env=project.spec.test_env,
             timeout=self.config.test_timeout,
         )
-        info |= result.info()
+        info |= result.info() | {"reward_components": {"resolved": float(result.resolved)}}
         if result.infra_error is not None:
             info[INFRA_ERROR] = result.infra_error
         return float(result.resolved), info
@@ -238,8 +234,8 @@ class SWEEnv(AgentEnv):
             "You are a software engineer fixing a bug in a Python repository inside a sandbox "
             "without network access. Explore the code, reproduce the problem, edit the source "
             "and run the tests with bash. Tools: bash, view, create, str_replace and submit. "
-            f"{self._call_examples()}\nYou have {self.config.max_turns} turns; the work is "
-            "graded by hidden tests when you submit or the turns run out."
+            f"{self._call_examples()}\nThe work is graded by hidden tests when you submit or "
+            "your turns run out."
         )
 
 
