@@ -3,6 +3,7 @@
 #
 #   sandboxes/build.sh [python|swe|all] [--force]      (default: python; --force rebuilds each one)
 #   sandboxes/build.sh swe-project PROJECT.json [--force]
+#   --no-cache: build what is out of date without the layer cache (--force implies it)
 #
 # 1. Base, localhost/agentrl-debian:bookworm: pulled from $BASE_PULL when its registry answers,
 #    otherwise bootstrapped with debootstrap (minbase + python3, mirror from the apt sources) and
@@ -37,12 +38,14 @@ die() {
 
 target=python
 force=0
+nocache=0
 projects=()
 usage="usage: sandboxes/build.sh [python|swe|all] [--force] | swe-project PROJECT.json [--force]"
 for arg in "$@"; do
   case $arg in
     python | swe | all | swe-project) target=$arg ;;
     --force) force=1 ;;
+    --no-cache) nocache=1 ;;
     *.json)
       [ "$target" = swe-project ] || die "$arg: a project file goes after swe-project ($usage)"
       projects+=("$arg")
@@ -166,7 +169,7 @@ build_recipe() {
   local options=(--build-arg "BASE=$from" --label "agentrl.recipe=$recipe" -t "$image" -f "$file")
   local arg
   for arg in "$@"; do options+=(--build-arg "$arg"); done
-  [ "$force" = 1 ] && options+=(--no-cache)
+  if [ "$force" = 1 ] || [ "$nocache" = 1 ]; then options+=(--no-cache); fi
   local build_log
   build_log=$(mktemp -t agentrl-build.XXXXXX)
   "$cli" build "${options[@]}" "$here/$recipe_dir" >"$build_log" 2>&1 || {

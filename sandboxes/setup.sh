@@ -6,8 +6,9 @@
 #   sandboxes/setup.sh --bwrap-only            bubblewrap only
 #
 # 1. Installs the Debian packages that are missing: podman runc bubblewrap debootstrap uidmap
-#    slirp4netns fuse-overlayfs curl, and wordnet-base (the source the Search-v0 corpus is built
-#    from, for the test that rebuilds it) (bubblewrap alone with --bwrap-only).
+#    slirp4netns fuse-overlayfs curl, wordnet-base (the source the Search-v0 corpus is built
+#    from, for the test that rebuilds it), and git and python3-pytest (what SWE-v0 needs under the
+#    host's /usr to run on bubblewrap) (bubblewrap alone with --bwrap-only).
 # 2. Writes /etc/containers/containers.conf and storage.conf (runc, cgroupfs, rlimits that fit the
 #    host; see sandboxes/README.md for why) and restarts the API service it started when they change.
 # 3. Starts `podman system service --time=0 unix:///run/podman/podman.sock` when it does not answer.
@@ -59,7 +60,7 @@ fi
 
 # ---------------------------------------------------------------- 1. packages
 packages=(bubblewrap)
-[ "$mode" = podman ] && packages+=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs curl wordnet-base)
+[ "$mode" = podman ] && packages+=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs curl wordnet-base git python3-pytest)
 command -v dpkg-query >/dev/null || die "no dpkg: install ${packages[*]} by hand"
 mapfile -t absent < <(comm -23 <(printf '%s\n' "${packages[@]}" | sort) \
   <(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${packages[@]}" 2>/dev/null | awk '$1 == "ii" { print $2 }' | sort))

@@ -121,4 +121,8 @@ def test_register_env_takes_a_class_and_rejects_non_agent_envs():
 def test_every_builtin_env_passes_check_env(env_id, strict_gymnasium_warnings):
     from gymnasium.utils.env_checker import check_env
 
-    check_env(gymnasium.make(env_id).unwrapped, skip_render_check=True)
+    env = gymnasium.make(env_id).unwrapped
+    try:
+        check_env(env, skip_render_check=True)
+    finally:
+        env.close()  # check_env never closes: SWE-v0's last sandbox would outlive the test

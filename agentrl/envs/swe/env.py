@@ -92,6 +92,7 @@ class SWEEnv(AgentEnv):
         self.projects = {i.instance_id: project_of(i, known) for i in self.instances}
         self.instance: SWEInstance | None = None
         self.sandbox: Sandbox | None = None
+        self._runner_checked = False
         tools = sandbox_tools(
             self._episode_sandbox,
             timeout=config.tool_timeout,
@@ -124,6 +125,7 @@ class SWEEnv(AgentEnv):
         archive = _TREES.archive(instance, project.sdist)
         try:
             self.sandbox = await self._factory(project)()
+            await self._check_runner(self.sandbox)
             await checkout(self.sandbox, instance, archive)
         except (SandboxError, WorkspaceError) as exc:
             await self._end_episode()
@@ -196,6 +198,23 @@ class SWEEnv(AgentEnv):
         if result.infra_error is not None:
             info[INFRA_ERROR] = result.infra_error
         return float(result.resolved), info
+
+    async def _check_runner(self, sandbox: Sandbox) -> None:
+        """Once per environment: the sandbox has what episodes and grading need (bwrap sees the
+        host's /usr, which may lack them)."""
+        if self._runner_checked:
+            return
+        probe = await sandbox.exec(
+            ["sh", "-c", "git --version && tar --version && python3 -m pytest --version"],
+            timeout=60,
+        )
+        if probe.exit_code != 0:
+            raise WorkspaceError(
+                f"the {self.config.sandbox} sandbox lacks git, tar or python3 with pytest "
+                f"({(probe.stdout + probe.stderr).strip()[-300:]}); on bwrap install them on the "
+                "host (`sudo sandboxes/setup.sh` does: git, python3-pytest)"
+            )
+        self._runner_checked = True
 
     async def aclose(self) -> None:
         await self._end_episode()

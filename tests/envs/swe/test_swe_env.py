@@ -218,3 +218,14 @@ async def test_smollm2_drives_an_episode_through_the_rollout_api(engine, tokeniz
     assert final["pass_to_pass_total"] == 50 and "grading_reason" in final
     assert trajectory.reward_components == {"resolved": 0.0}
     assert '"name": "submit"' in tokenizer.decode(trajectory.tokens.input_ids[:4000])
+
+
+async def test_the_bubblewrap_backend_serves_an_episode_where_the_host_has_git_and_pytest(tmp_path):
+    path, fixed = fixed_file(INFLECTION, tmp_path)
+    env = await start(INFLECTION, sandbox="bwrap")
+    try:
+        await env.astep(hermes("create", path=path, content=fixed))
+        _, reward, done, _, info = await env.astep(hermes("submit"))
+    finally:
+        await env.aclose()
+    assert (reward, done, info["resolved"]) == (1.0, True, True), info
