@@ -21,6 +21,7 @@ def test_the_cpu_examples_are_these():
         "mix_math_code_cpu.yaml",
         "math_pool_cpu.yaml",
         "search_grpo_cpu.yaml",
+        "swe_grpo_cpu.yaml",
     }
 
 
@@ -47,6 +48,8 @@ def test_example_trains_one_step(example, tmp_path):
         "rollout.group_size=2",
         "rollout.max_new_tokens=48",
     ]
+    if "swe" in example.stem:  # one graded turn: four turns of long prompts cost minutes on 2 cores
+        command.append("env.kwargs.max_turns=1")
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=580)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
