@@ -1,4 +1,5 @@
-"""Policy-gradient losses (PPO-clip, DAPO clip-higher, GSPO), their aggregation, KL and entropy.
+"""Policy-gradient losses (PPO-clip with dual-clip, DAPO clip-higher, GSPO, CISPO), their
+aggregation, KL and entropy.
 
 All tensors are token-aligned ``(N, T)``: entry ``[i, t]`` of ``logprobs``, ``old_logprobs``,
 ``advantages`` and ``loss_mask`` refers to the same token of trajectory ``i``. The caller aligns
@@ -48,10 +49,14 @@ Aggregation = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
 KLEstimator = Literal["k1", "k2", "k3"]
+PolicyLossKind = Literal["ppo", "gspo", "cispo"]
 
 # exp() of a log-ratio beyond this is inf in float32 long before it means anything (verl clamps
 # to the same range).
 MAX_LOG_RATIO = 20.0
+# The k3 penalty per token (>= 0) is clamped at KL_CLAMP, as verl's "low_var_kl" is to [-10, 10]:
+# one token the reference finds absurd must not dominate the loss; beyond it it has no gradient.
+KL_CLAMP = 10.0
 
 
 def check_aligned(*tensors: torch.Tensor) -> None:
@@ -136,9 +141,10 @@ def policy_loss(
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
     *,
-    kind: Literal["ppo", "gspo"] = "ppo",
+    kind: PolicyLossKind = "ppo",
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
     agg: Aggregation = "token-mean",
     norm_length: int | None = None,
     denominator: torch.Tensor | float | None = None,
@@ -147,30 +153,49 @@ def policy_loss(
     """Clipped surrogate loss (to minimise) and its metrics. All inputs ``(N, T)``.
 
     ``kind="ppo"``: token ratio ``rho = exp(logprobs - old_logprobs)``, per-token loss
-    ``max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high))``. ``clip_high > clip_low`` is DAPO's
-    clip-higher ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale", Yu et al.
-    2025; ``clip_high=0.28``).
+    ``L = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high))``. ``clip_high > clip_low`` is
+    DAPO's clip-higher ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale", Yu et al.
+    2025; ``clip_high=0.28``). Dual-clip ("Mastering Complex Control in MOBA Games with Deep
+    Reinforcement Learning", Ye et al. 2020; verl's ``clip_ratio_c``): for ``A < 0`` the loss is
+    ``min(L, -A clip_ratio_c)``, so a token whose ratio grew past ``clip_ratio_c`` (> 1) while its
+    advantage says to lower it has a bounded loss and no gradient; ``None`` turns it off.
 
     ``kind="gspo"`` ("Group Sequence Policy Optimization", Zheng et al. 2025): the ratio is the
     sequence's, ``s_i = exp(mean over its loss tokens of (logprobs - old_logprobs))``, clipped at
     the sequence level, so a sequence is clipped as a whole. Gradients reach every token through
     GSPO-token's ``s_i,t = sg[s_i] * exp(logprobs_t - sg[logprobs_t])``, equal to ``s_i`` in value;
     with sequence-constant advantages and ``agg="seq-mean-token-mean"`` (the paper's) the gradient
-    is exactly GSPO's. The paper's clip ranges are far smaller than PPO's (3e-4 / 4e-4).
+    is exactly GSPO's. The paper's clip ranges are far smaller than PPO's (3e-4 / 4e-4). No
+    dual-clip.
+
+    ``kind="cispo"`` ("MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
+    Attention", MiniMax 2025): ``L = -sg(clip(rho, 1 - clip_low, 1 + clip_high)) A logprobs``.
+    The importance weight is clipped and detached, and every token keeps the gradient of its
+    log-prob (PPO drops the gradient of clipped tokens). ``clip_low = 1`` sets no lower bound (the
+    paper's choice); ``clip_ratio_c`` does not apply.
 
     ``advantages`` and ``old_logprobs`` get no gradient. Metrics: ``clip_fraction`` (loss tokens
-    whose clipped branch is active), ``clip_low_fraction`` / ``clip_high_fraction`` (clipped because
-    ``rho < 1 - clip_low`` with ``A < 0``, or ``rho > 1 + clip_high`` with ``A > 0``),
-    ``ratio_mean``, ``ratio_max``, ``ratio_min`` (over loss tokens; GSPO: the sequence ratio at
-    each token) and ``approx_kl`` (k3 estimate of KL(old || new)).
+    whose clipped branch is active; CISPO: whose weight is clipped), ``clip_low_fraction`` /
+    ``clip_high_fraction`` (clipped because ``rho < 1 - clip_low`` with ``A < 0``, or ``rho > 1 +
+    clip_high`` with ``A > 0``; CISPO: whatever the sign of ``A``), ``clip_dual_fraction`` (loss
+    tokens bounded by the dual-clip), ``ratio_mean``, ``ratio_max``, ``ratio_min`` (over loss
+    tokens; GSPO: the sequence ratio at each token) and ``approx_kl`` (k3 estimate of KL(old ||
+    new)).
     """
     check_aligned(logprobs, old_logprobs, advantages, loss_mask)
-    if not 0 <= clip_low < 1 or clip_high < 0:
-        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    # PPO's lower clip 1 - clip_low must stay positive; CISPO's weight may go down to 0.
+    low_ok = 0 <= clip_low <= 1 if kind == "cispo" else 0 <= clip_low < 1
+    if not low_ok or clip_high < 0:
+        raise ValueError(
+            f"need 0 <= clip_low < 1 (<= 1 for cispo) and clip_high >= 0, got {clip_low}, "
+            f"{clip_high}"
+        )
+    if clip_ratio_c is not None and not clip_ratio_c > 1:
+        raise ValueError(f"clip_ratio_c must be > 1 (or None), got {clip_ratio_c}")
     on = loss_mask != 0  # (N, T) bool
     advantages = advantages.detach()
     log_ratio = torch.where(on, logprobs - old_logprobs.detach(), 0.0)  # (N, T)
-    if kind == "ppo":
+    if kind in ("ppo", "cispo"):
         ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()  # (N, T)
     elif kind == "gspo":
         lengths = on.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
@@ -180,9 +205,20 @@ def policy_loss(
     else:
         raise ValueError(f"unknown policy loss kind {kind!r}")
     clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)
-    unclipped_loss = -advantages * ratio  # (N, T)
-    clipped_loss = -advantages * clipped_ratio
-    per_token = torch.maximum(unclipped_loss, clipped_loss)  # (N, T)
+    dual = torch.zeros_like(on)
+    if kind == "cispo":
+        # where, not a product: garbage log-probs at padding must not reach the loss or gradient
+        per_token = -clipped_ratio.detach() * advantages * torch.where(on, logprobs, 0.0)
+        clipped = clipped_ratio.detach() != ratio.detach()  # (N, T)
+    else:
+        unclipped_loss = -advantages * ratio  # (N, T)
+        clipped_loss = -advantages * clipped_ratio
+        per_token = torch.maximum(unclipped_loss, clipped_loss)  # (N, T)
+        clipped = clipped_loss > unclipped_loss
+        if kind == "ppo" and clip_ratio_c is not None:
+            bound = -advantages * clip_ratio_c  # (N, T)
+            dual = (advantages < 0) & (per_token > bound)
+            per_token = torch.where(dual, bound, per_token)
     if token_weights is not None:
         check_aligned(per_token, token_weights)
         per_token = per_token * token_weights.detach()
@@ -190,13 +226,16 @@ def policy_loss(
 
     with torch.no_grad():
         ratio, log_ratio = ratio.detach(), log_ratio.detach()
-        high = (ratio > 1 + clip_high) & (advantages > 0)
-        low = (ratio < 1 - clip_low) & (advantages < 0)
+        high = ratio > 1 + clip_high
+        low = ratio < 1 - clip_low
+        if kind != "cispo":  # PPO and GSPO clip only against the advantage's direction
+            high, low = high & (advantages > 0), low & (advantages < 0)
         k3 = torch.expm1(log_ratio.clamp(max=MAX_LOG_RATIO)) - log_ratio
         metrics = {
-            "clip_fraction": _masked_mean((clipped_loss > unclipped_loss).float(), on),
+            "clip_fraction": _masked_mean(clipped.float(), on),
             "clip_high_fraction": _masked_mean(high.float(), on),
             "clip_low_fraction": _masked_mean(low.float(), on),
+            "clip_dual_fraction": _masked_mean(dual.float(), on),
             "ratio_mean": _masked_mean(ratio, on),
             "ratio_max": _masked_extreme(ratio, on, largest=True),
             "ratio_min": _masked_extreme(ratio, on, largest=False),
@@ -212,7 +251,9 @@ def kl_penalty(
 
     Schulman's estimators ("Approximating KL Divergence", 2020), with ``r = ref_logprobs -
     logprobs``: ``k1 = -r`` (unbiased, can be negative), ``k2 = r^2 / 2`` (biased, >= 0, accurate
-    when the two are close), ``k3 = exp(r) - 1 - r`` (unbiased, >= 0; GRPO's choice). As values,
+    when the two are close), ``k3 = exp(r) - 1 - r`` (unbiased, >= 0; GRPO's choice), clamped at
+    ``KL_CLAMP`` = 10 as verl's ``low_var_kl`` is (a token beyond it adds 10 and no gradient; the
+    unbiasedness below holds where no token reaches it). As values,
     E[k1] = E[k3] = KL(policy || ref). As *loss terms* differentiated through ``logprobs`` they
     differ: E[grad k1] = 0, E[grad k2] = grad KL(policy || ref) and E[grad k3] = grad KL(ref ||
     policy) (the forward KL; "On a few pitfalls in KL divergence gradient estimation for RL",
@@ -226,13 +267,18 @@ def kl_penalty(
         return 0.5 * r.square()
     if kind == "k3":
         # expm1 keeps k3 accurate and >= 0 when r is tiny; the clamp keeps exp finite.
-        r = r.clamp(max=MAX_LOG_RATIO)
-        return (torch.expm1(r) - r).clamp(min=0)
+        r = r.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+        return (torch.expm1(r) - r).clamp(0, KL_CLAMP)
     raise ValueError(f"unknown KL estimator {kind!r}")
 
 
-def entropy_from_logits(logits: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
-    """Entropy ``(N, T)`` float32 of ``softmax(logits)`` from ``logits`` ``(N, T, V)``.
+def entropy_from_logits(
+    logits: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
+) -> torch.Tensor:
+    """Entropy ``(N, T)`` float32 of ``softmax(logits / temperature)``; ``logits`` ``(N, T, V)``.
+
+    Pass the sampling temperature to get the entropy of the distribution tokens were sampled
+    from (the one the log-probs refer to), not of the model's raw softmax.
 
     Computed ``chunk_size`` positions at a time in float32, so the float32 copy of a bf16 vocab-wide
     tensor is never materialised for all ``T`` at once. Under ``torch.no_grad`` (logging) that
@@ -243,9 +289,11 @@ def entropy_from_logits(logits: torch.Tensor, *, chunk_size: int = 1024) -> torc
         raise ValueError(f"logits must be (N, T, V), got shape {tuple(logits.shape)}")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
     parts = []
     for start in range(0, logits.shape[1], chunk_size):
-        chunk = logits[:, start : start + chunk_size].float()  # (N, C, V)
+        chunk = logits[:, start : start + chunk_size].float() / temperature  # (N, C, V)
         log_p = torch.log_softmax(chunk, dim=-1)
         # -inf logits (a masked vocabulary) have p = 0 and contribute 0, not 0 * -inf = NaN.
         finite_log_p = log_p.clamp(min=torch.finfo(log_p.dtype).min)

@@ -1,19 +1,25 @@
 """The training objective over packed micro-batches: the ``loss_fn`` the actor's step calls.
 
 One packed forward gives the trainer's log-probs of the loss tokens (at the sampling temperature;
-the LM head runs only where a loss token is predicted) and their logits; everything else is per-sequence rows (:meth:`PackedMicroBatch.as_rows`) so that
-sequence-level aggregation and GSPO see one row per trajectory:
+the LM head runs only where a loss token is predicted) and their logits; everything else is
+per-sequence rows (:meth:`PackedMicroBatch.as_rows`) so that sequence-level aggregation and GSPO
+see one row per trajectory:
 
-* the policy loss (:func:`~agentrl.trainer.losses.policy_loss`, PPO-clip or GSPO) against
-  ``old_logprobs``: the trainer's own log-probs before this update (detached: with one optimizer
-  step per batch they *are* the pre-update values, so no second forward is needed), or the
-  engine's;
+* the policy loss (:func:`~agentrl.trainer.losses.policy_loss`: PPO-clip with dual-clip, GSPO or
+  CISPO) against ``old_logprobs``: the trainer's own log-probs before this update (detached: with
+  one optimizer step per batch they *are* the pre-update values, so no second forward is needed),
+  or the engine's;
 * with trainer ``old_logprobs``, importance weights from the engine's distribution to the
   trainer's (:func:`~agentrl.trainer.off_policy.importance_weights`, TIS or MIS): this corrects
   both numerical mismatch and staleness, because the engine's log-probs were computed by the
   weights that sampled each token;
+* optionally, rejection (:func:`~agentrl.trainer.off_policy.rejection_mask`): tokens or whole
+  sequences whose trainer/engine ratio leaves a band get weight 0 (the others keep their
+  importance weight, or 1);
 * an optional KL penalty to a frozen reference model;
-* logging: train/inference mismatch (mean and max ``|Δ log-prob|``, KL), entropy, clip fractions.
+* logging: train/inference mismatch (mean and max ``|Δ log-prob|``, KL), the entropy of the
+  sampling distribution (``softmax(logits / T)``), clip fractions, importance and rejection
+  statistics.
 
 Metric plumbing. :meth:`Actor.train_step` divides every metric sum by the loss's global
 denominator; :class:`Objective` reports token-weighted sums plus a ``tokens`` count, so the
@@ -31,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from agentrl.engine_pool.sampling import logprob_temperature
 from agentrl.trainer.losses import (
     aggregate,
     entropy_from_logits,
@@ -38,7 +45,7 @@ from agentrl.trainer.losses import (
     loss_denominator,
     policy_loss,
 )
-from agentrl.trainer.off_policy import importance_weights, mismatch_metrics
+from agentrl.trainer.off_policy import importance_weights, mismatch_metrics, rejection_mask
 from agentrl.trainer.packing import PackedMicroBatch, packed_forward
 from agentrl.trainer.train_config import AlgorithmConfig
 
@@ -46,11 +53,13 @@ MEAN_METRICS = {
     "clip_fraction": "policy/clip_fraction",
     "clip_high_fraction": "policy/clip_high_fraction",
     "clip_low_fraction": "policy/clip_low_fraction",
+    "clip_dual_fraction": "policy/clip_dual_fraction",
     "ratio_mean": "policy/ratio_mean",
     "approx_kl": "policy/approx_kl",
 }
 EXTREME_METRICS = {"ratio_max": "policy/ratio_max", "ratio_min": "policy/ratio_min"}
 EXTREME_KEYS = ("mismatch/max_abs", "policy/ratio_max", "policy/ratio_min")
+IMPORTANCE_METRICS = ("ratio_mean", "truncated_fraction", "masked_fraction", "weight_mean")
 
 
 class Objective:
@@ -90,21 +99,38 @@ class Objective:
         mask = rows(batch.loss_mask.float())
         engine = rows(batch.fields["logprobs"].float())
         advantages = rows(batch.fields["advantages"].float())
+        tokens = mask.sum()
+        sums: dict[str, torch.Tensor] = {}
         weights = None
-        is_metrics: dict[str, torch.Tensor] = {}
-        if cfg.old_logprobs == "trainer":
-            old = lp.detach()
-            if cfg.importance_correction != "none":
-                weights, is_metrics = importance_weights(
-                    lp,
-                    engine,
-                    mask,
-                    mode=cfg.importance_correction,
-                    level=cfg.importance_level,
-                    cap=cfg.importance_cap,
-                )
+        if cfg.importance_correction != "none":  # the config allows it with trainer old only
+            weights, is_metrics = importance_weights(
+                lp,
+                engine,
+                mask,
+                mode=cfg.importance_correction,
+                level=cfg.importance_level,
+                cap=cfg.importance_cap,
+                lower=cfg.importance_lower,
+            )
+            for name in IMPORTANCE_METRICS:
+                sums[f"importance/{name}"] = is_metrics[name] * tokens
+        if cfg.rejection != "none":
+            accepted, rs_metrics = rejection_mask(
+                lp,
+                engine,
+                mask,
+                level=cfg.rejection,
+                low=cfg.rejection_low,
+                high=cfg.rejection_high,
+            )
+            weights = accepted.float() if weights is None else weights * accepted
+            for name, fraction in rs_metrics.items():
+                sums[f"rejection/{name}"] = fraction * tokens
+        old = lp.detach() if cfg.old_logprobs == "trainer" else engine
+        if cfg.loss == "cispo":
+            clip_low, clip_high = cfg.cispo_clip_low, cfg.cispo_clip_high
         else:
-            old = engine
+            clip_low, clip_high = cfg.clip_low, cfg.clip_high
         agg, norm = cfg.aggregation, self.norm_length
         loss, metrics = policy_loss(
             lp,
@@ -112,15 +138,15 @@ class Objective:
             advantages,
             mask,
             kind=cfg.loss,
-            clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            clip_ratio_c=cfg.clip_ratio_c,
             agg=agg,
             norm_length=norm,
             denominator=1,
             token_weights=weights,
         )
-        tokens = mask.sum()
-        sums = {MEAN_METRICS[k]: v * tokens for k, v in metrics.items() if k in MEAN_METRICS}
+        sums.update({MEAN_METRICS[k]: v * tokens for k, v in metrics.items() if k in MEAN_METRICS})
         if self.reference is not None and cfg.kl_coef > 0:
             with torch.no_grad():
                 reference = packed_forward(
@@ -134,13 +160,13 @@ class Objective:
             mismatch = mismatch_metrics(lp, engine, mask)
             sums["mismatch/mean_abs"] = mismatch["mean_abs"] * tokens
             sums["mismatch/kl"] = mismatch["kl"] * tokens
+            # the entropy of the distribution tokens were sampled from: softmax(logits / T)
             entropy = torch.zeros_like(batch.loss_mask, dtype=torch.float32)  # (1, T)
-            entropy[0, scored] = entropy_from_logits(logits.detach())[0]
+            entropy[0, scored] = entropy_from_logits(
+                logits.detach(), temperature=logprob_temperature(self.temperature)
+            )[0]
             entropy = rows(entropy)
             sums["policy/entropy"] = torch.where(mask != 0, entropy, 0.0).sum()
-            for name, value in is_metrics.items():
-                if name in ("ratio_mean", "truncated_fraction", "masked_fraction", "weight_mean"):
-                    sums[f"importance/{name}"] = value * tokens
         sums["tokens"] = tokens
         if batch.n_loss_tokens:
             self._extreme("mismatch/max_abs", float(mismatch["max_abs"]))

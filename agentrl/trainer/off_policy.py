@@ -12,11 +12,16 @@ the trainer the *target*; this module measures the gap and turns it into per-tok
   Demystifying RL Collapse from the Training-Inference Mismatch", Liu et al. 2025) importance
   weights, per token or per sequence, for `agentrl.trainer.losses.policy_loss`'s
   ``token_weights``.
+* `rejection_mask`: which loss tokens to train on at all. Tokens (IcePop, Ring-1T 2025) or whole
+  sequences (by their geometric-mean ratio, Liu et al.'s "geometric" rejection; verl's geo-RS)
+  whose ratio leaves a two-sided band get weight 0; the rest weigh 1 (or their importance
+  weight, when combined with `importance_weights`).
 * `staleness` and `staleness_policy`: how many versions old each token is, and what a staleness
   bound does with tokens beyond it (drop the trajectory, mask the tokens, or keep them for IS).
 
-All tensors are token-aligned ``(N, T)``. Log-prob entries off the loss mask are ignored (they may
-be anything, including -inf). Nothing here has a gradient. Metrics are detached 0-dim tensors.
+All tensors are token-aligned ``(N, T)``; ratios are computed in float32 (float64 when log-probs
+are float64). Log-prob entries off the loss mask are ignored (they may be anything, including
+-inf). Nothing here has a gradient. Metrics are detached 0-dim tensors.
 """
 
 from __future__ import annotations
@@ -44,10 +49,14 @@ def _masked_max(values: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
 def _log_ratio(
     trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, loss_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``log(pi_trainer / pi_engine)`` ``(N, T)`` float32, 0 off the mask, and the bool mask."""
+    """``log(pi_trainer / pi_engine)`` ``(N, T)``, 0 off the mask, and the bool mask.
+
+    float32, or float64 when either input is float64 (reference checks compute in float64)."""
     check_aligned(trainer_logprobs, engine_logprobs, loss_mask)
     on = loss_mask != 0
-    diff = trainer_logprobs.detach().float() - engine_logprobs.detach().float()
+    wide = torch.float64 in (trainer_logprobs.dtype, engine_logprobs.dtype)
+    dtype = torch.float64 if wide else torch.float32
+    diff = trainer_logprobs.detach().to(dtype) - engine_logprobs.detach().to(dtype)
     return torch.where(on, diff, 0.0), on
 
 
@@ -70,33 +79,47 @@ def mismatch_metrics(
     }
 
 
+ImportanceLevel = Literal["token", "sequence"]
+RejectionLevel = Literal["token", "geometric"]
+
+REJECTION_BOUNDS: dict[str, tuple[float, float]] = {
+    "token": (0.5, 5.0),
+    "geometric": (0.999, 1.001),
+}
+"""Default ``(low, high)`` of `rejection_mask` per level: IcePop's token band, and verl's
+geometric-mean band (the mean log-ratio of an accepted sequence lies within about ±1e-3)."""
+
+
 def importance_weights(
     trainer_logprobs: torch.Tensor,
     engine_logprobs: torch.Tensor,
     loss_mask: torch.Tensor,
     *,
     mode: Literal["tis", "mis", "none"] = "tis",
-    level: Literal["token", "sequence", "geometric"] = "token",
+    level: ImportanceLevel = "token",
     cap: float = 2.0,
-    lower: float = 0.0,
+    lower: float = 0.5,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Importance weights ``(N, T)`` float32 from the engine's to the trainer's distribution.
+    """Importance weights ``(N, T)`` float32 (float64 for float64 log-probs) from the engine's to
+    the trainer's distribution.
 
     The ratio ``rho = pi_trainer / pi_engine`` is taken per ``level``:
 
     * ``"token"``: each token's own ratio;
     * ``"sequence"``: the product of the ratios of the sequence's loss tokens (the exact sequence
-      importance ratio), on each of its tokens;
-    * ``"geometric"``: their geometric mean (the product's length-normalised form, which long
-      agent trajectories need: the product of thousands of token ratios is almost never near 1).
+      importance ratio), on each of its tokens.
+
+    (The geometric mean of a sequence's ratios is not an importance weight: weighting by it
+    corrects no expectation. It serves to accept or reject whole sequences: `rejection_mask`.)
 
     ``mode``:
 
     * ``"tis"``: ``min(rho, cap)``: truncated, never zero;
-    * ``"mis"``: ``rho`` where ``lower <= rho <= cap``, else 0: the token (or, at sequence levels,
-      the whole sequence) is masked out of the loss. ``lower = 0`` (default) masks only the high
-      side, as in Liu et al.; verl-style two-sided masking is ``lower = 1 / cap``. Masked tokens
-      still count in the loss's denominator;
+    * ``"mis"``: ``rho`` where ``lower <= rho <= cap``, else 0: the token (or, at sequence level,
+      the whole sequence) is masked out of the loss. Two-sided by default (``lower = 0.5``);
+      ``lower = 0`` masks only the high side, as in Liu et al. Masked tokens still count in the
+      loss's denominator (a weight of 0, not a smaller batch). At token level with ``lower=0.5,
+      cap=5`` this is IcePop's objective;
     * ``"none"``: 1 (metrics only).
 
     Weights are 0 off the loss mask; ``log rho`` is clamped to ``[-20, 20]`` before ``exp``.
@@ -112,13 +135,13 @@ def importance_weights(
     d, on = _log_ratio(trainer_logprobs, engine_logprobs, loss_mask)  # (N, T)
     if level == "token":
         log_rho = d
-    elif level in ("sequence", "geometric"):
-        seq = d.sum(-1, keepdim=True)  # (N, 1)
-        if level == "geometric":
-            seq = seq / on.sum(-1, keepdim=True).clamp(min=1)
-        log_rho = seq.expand_as(d)
+    elif level == "sequence":
+        log_rho = d.sum(-1, keepdim=True).expand_as(d)
     else:
-        raise ValueError(f"unknown importance level {level!r}")
+        raise ValueError(
+            f"unknown importance level {level!r} (token or sequence; geometric-mean ratios "
+            "accept or reject sequences: rejection_mask)"
+        )
     log_rho = log_rho.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     log_cap = math.log(cap)
     zeros = torch.zeros_like(d, dtype=torch.bool)
@@ -146,6 +169,56 @@ def importance_weights(
         "ess": weights.sum().square() / (n * weights.square().sum()).clamp(min=1e-30),
     }
     return weights, metrics
+
+
+def rejection_mask(
+    trainer_logprobs: torch.Tensor,
+    engine_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    level: RejectionLevel = "token",
+    low: float | None = None,
+    high: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss tokens ``(N, T)`` bool whose ratio ``pi_trainer / pi_engine`` lies in ``[low, high]``.
+
+    ``level="token"``: each token's own ratio (IcePop: a token the two sides disagree on is
+    left out). ``level="geometric"``: the sequence's geometric-mean ratio, ``exp(mean over its
+    loss tokens of log(pi_trainer / pi_engine))``, so a sequence is accepted or rejected whole;
+    its length-normalised form suits long trajectories (the product of thousands of ratios is
+    almost never near 1), and the band is tight. ``None`` bounds take `REJECTION_BOUNDS`.
+
+    The caller multiplies the loss's token weights by the result: rejected tokens get no gradient
+    and, like MIS's masked ones, still count in the loss's denominator (so a batch rejected whole
+    is a step with zero gradient, not an empty batch). The comparison is in log space (``log
+    rho`` clamped to ``[-20, 20]``). Metrics, as fractions of loss tokens:
+    ``rejected_fraction``, ``rejected_high_fraction`` (ratio above ``high``) and
+    ``rejected_low_fraction`` (below ``low``).
+    """
+    if level not in REJECTION_BOUNDS:
+        raise ValueError(f"unknown rejection level {level!r} (token or geometric)")
+    default_low, default_high = REJECTION_BOUNDS[level]
+    low = default_low if low is None else low
+    high = default_high if high is None else high
+    if not 0 <= low <= 1 <= high or low == high:
+        raise ValueError(
+            f"rejection bounds need 0 <= low <= 1 <= high, low < high; got [{low}, {high}]"
+        )
+    d, on = _log_ratio(trainer_logprobs, engine_logprobs, loss_mask)  # (N, T)
+    if level == "geometric":
+        seq = d.sum(-1, keepdim=True) / on.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
+        d = seq.expand_as(d)
+    log_rho = d.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    too_high = on & (log_rho > math.log(high))
+    too_low = on & (log_rho < (math.log(low) if low > 0 else -math.inf))
+    accepted = on & ~too_high & ~too_low
+    n = on.sum().clamp(min=1)
+    metrics = {
+        "rejected_fraction": (too_high | too_low).sum() / n,
+        "rejected_high_fraction": too_high.sum() / n,
+        "rejected_low_fraction": too_low.sum() / n,
+    }
+    return accepted, metrics
 
 
 def staleness(versions: torch.Tensor, current_version: int) -> torch.Tensor:

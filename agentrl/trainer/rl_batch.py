@@ -12,7 +12,9 @@ per-token weight ``versions`` and the trajectory's ``advantages``), ready for
   group that failures left with fewer than two valid samples (out of two or more) is dropped or
   kept by ``AlgorithmConfig.small_groups`` and counted in ``batch/small_groups``.
 * The staleness bound (:func:`agentrl.trainer.off_policy.staleness_policy`) is applied per token;
-  under ``drop`` a group with any stale token is dropped whole, so groups stay together.
+  under ``drop`` a group with any stale token is dropped whole, so groups stay together. It is
+  applied before the advantages, so that REINFORCE++'s batch whitening, which is over loss tokens
+  (each trajectory weighs its loss-token count), covers exactly the tokens trained on.
 * Trailing tokens off the loss mask (the chat-template delta of a last environment message that
   no generation followed) are trimmed: nothing is scored after them.
 """
@@ -43,16 +45,23 @@ class TrainingBatch:
     """``reward/*``, ``episodes/*``, ``response_length/*``, ``staleness/*``, ``batch/*``."""
 
 
-def advantages_for(rewards: torch.Tensor, group_ids: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-trajectory advantages ``(N,)`` float64 under ``AlgorithmConfig.advantage``."""
+def advantages_for(
+    rewards: torch.Tensor, group_ids: torch.Tensor, kind: str, token_counts: torch.Tensor
+) -> torch.Tensor:
+    """Per-trajectory advantages ``(N,)`` float64 under ``AlgorithmConfig.advantage``.
+
+    ``token_counts`` ``(N,)``: the loss tokens each trajectory trains on; REINFORCE++ whitens over
+    them (a trajectory with none is left out of the statistics). GRPO's group statistics are
+    per trajectory.
+    """
     if kind == "grpo":
         return grpo_advantages(rewards, group_ids)
     if kind == "dr_grpo":
         return grpo_advantages(rewards, group_ids, scale_by_std=False)
     if kind == "reinforce_pp":
-        return reinforce_pp_advantages(rewards)
+        return reinforce_pp_advantages(rewards, token_counts=token_counts)
     if kind == "reinforce_pp_baseline":
-        return reinforce_pp_advantages(rewards, group_ids)
+        return reinforce_pp_advantages(rewards, group_ids, token_counts=token_counts)
     raise ValueError(f"unknown advantage estimator {kind!r}")
 
 
@@ -77,10 +86,6 @@ def build_batch(
     metrics["batch/small_groups"] = float(small)
     if not ok:
         return TrainingBatch([], {**metrics, "batch/sequences": 0.0, "batch/loss_tokens": 0.0})
-    rewards = torch.tensor([t.reward for t in ok], dtype=torch.float64)
-    group_ids = torch.tensor([t.group for t in ok], dtype=torch.int64)
-    advantages = advantages_for(rewards, group_ids, algorithm.advantage)
-
     masks = [torch.tensor(t.tokens.loss_mask, dtype=torch.int64) for t in ok]
     versions = [torch.tensor(t.tokens.versions, dtype=torch.int64) for t in ok]
     decision = staleness_policy(
@@ -100,6 +105,10 @@ def build_batch(
         metrics["staleness/dropped_groups"] = float(len(stale_groups))
     for name, value in decision.metrics.items():
         metrics[f"staleness/{name}"] = float(value)
+    rewards = torch.tensor([t.reward for t in ok], dtype=torch.float64)
+    group_ids = torch.tensor([t.group for t in ok], dtype=torch.int64)
+    token_counts = loss_masks.sum(-1)  # (N,) what each trajectory trains on after staleness
+    advantages = advantages_for(rewards, group_ids, algorithm.advantage, token_counts)
 
     sequences: list[dict[str, Any]] = []
     for i, trajectory in enumerate(ok):
@@ -118,10 +127,11 @@ def build_batch(
             }
         )
     zero = _zero_advantage_groups(ok, advantages)
+    trained = advantages[token_counts > 0]  # (n,) the trajectories trained on
     metrics.update(
         {
-            "advantage/mean": float(advantages.mean()),
-            "advantage/abs_mean": float(advantages.abs().mean()),
+            "advantage/mean": float(trained.mean()) if trained.numel() else 0.0,
+            "advantage/abs_mean": float(trained.abs().mean()) if trained.numel() else 0.0,
             "batch/zero_advantage_groups": float(zero),
             "batch/sequences": float(len(sequences)),
             "batch/loss_tokens": float(sum(sum(s["loss_mask"]) for s in sequences)),

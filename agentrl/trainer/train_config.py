@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from agentrl.config import Config, ConfigError
 from agentrl.trainer.actor import ActorConfig
-from agentrl.trainer.losses import Aggregation, KLEstimator
-from agentrl.trainer.off_policy import StalenessMode
+from agentrl.trainer.losses import Aggregation, KLEstimator, PolicyLossKind
+from agentrl.trainer.off_policy import ImportanceLevel, StalenessMode
 
 
 class ModelConfig(Config):
@@ -188,29 +188,92 @@ class AlgorithmConfig(Config):
     """A group that failures (errors, infrastructure failures) left with fewer than two valid
     samples, out of two or more: ``drop`` it from the loss, or ``keep`` it (a lone sample's
     group-relative advantage is 0). Counted in ``batch/small_groups`` either way."""
-    loss: Literal["ppo", "gspo"] = "ppo"
-    """Token-level PPO-clip, or GSPO's sequence-level ratio."""
+    loss: PolicyLossKind = "ppo"
+    """``ppo``: token-level PPO-clip (with dual-clip); ``gspo``: GSPO's sequence-level ratio;
+    ``cispo``: CISPO, ``-sg(clip(ratio)) * A * log-prob``, which keeps every token's gradient
+    (with ``old_logprobs=trainer`` its ratio is 1, so it is REINFORCE weighted by the importance
+    correction; with ``engine`` its weight is the clipped ratio to the engine)."""
     clip_low: float = Field(0.2, ge=0, lt=1)
-    """Lower clip range: ratios below ``1 - clip_low`` are clipped."""
+    """Lower clip range (``ppo``, ``gspo``): ratios below ``1 - clip_low`` are clipped."""
     clip_high: float = Field(0.28, ge=0)
-    """Upper clip range (DAPO's clip-higher when above ``clip_low``)."""
+    """Upper clip range (``ppo``, ``gspo``; DAPO's clip-higher when above ``clip_low``)."""
+    clip_ratio_c: float | None = Field(3.0, gt=1)
+    """Dual-clip (``ppo``): a token with advantage ``A < 0`` loses at most ``-A * clip_ratio_c``,
+    so one whose ratio grew past ``clip_ratio_c`` gets no gradient (verl's default 3.0);
+    ``null`` turns it off."""
+    cispo_clip_low: float = Field(1.0, ge=0, le=1)
+    """``cispo``: weights below ``1 - cispo_clip_low`` are raised to it; 1 (the MiniMax-M1
+    paper's choice) sets no lower bound."""
+    cispo_clip_high: float = Field(0.28, ge=0)
+    """``cispo``: weights above ``1 + cispo_clip_high`` are cut to it."""
     aggregation: Aggregation = "token-mean"
     """How per-token losses reduce to one number (see agentrl.trainer.losses)."""
     norm_length: int | None = Field(None, ge=1)
     """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO); defaults to max_new_tokens."""
     old_logprobs: Literal["trainer", "engine"] = "trainer"
     """Ratio reference: ``trainer`` (the trainer's log-probs before this update; the engine gap is
-    corrected by importance weights) or ``engine`` (the ratio absorbs the gap and is clipped)."""
+    corrected by importance weights) or ``engine`` (the ratio absorbs the gap and is clipped;
+    needs ``importance_correction=none``)."""
     importance_correction: Literal["tis", "mis", "none"] = "tis"
-    """Engine-to-trainer correction with ``old_logprobs="trainer"``: truncated (TIS), masked (MIS)."""
-    importance_level: Literal["token", "sequence", "geometric"] = "token"
-    """Per-token ratios, their product per sequence, or its geometric mean."""
+    """Engine-to-trainer importance weights (``old_logprobs=trainer`` only): ``tis`` truncates the
+    ratio at ``importance_cap``; ``mis`` zeroes the weight of tokens (or sequences) whose ratio
+    leaves ``[importance_lower, importance_cap]`` (at token level with bounds 0.5 and 5, IcePop);
+    ``none``."""
+    importance_level: ImportanceLevel = "token"
+    """Per-token ratios, or their product per sequence (the geometric mean is a rejection test:
+    ``rejection=geometric``)."""
     importance_cap: float = Field(2.0, ge=1)
     """TIS truncation / MIS upper bound on the ratio."""
+    importance_lower: float = Field(0.5, ge=0, le=1)
+    """MIS lower bound on the ratio (0: mask only the high side)."""
+    rejection: Literal["none", "token", "geometric"] = "none"
+    """Take tokens out of the loss by their trainer/engine ratio: ``token`` (IcePop-style: each
+    token whose ratio leaves ``[rejection_low, rejection_high]``) or ``geometric`` (a whole
+    sequence whose geometric-mean ratio leaves it); ``none``. Rejected tokens weigh 0 (still
+    counted in the loss's denominator, as MIS's), accepted ones 1 times any importance weight
+    (e.g. token TIS)."""
+    rejection_low: float | None = Field(None, ge=0, le=1)
+    """Lower bound of the accepted ratio band; default 0.5 (``token``) or 0.999 (``geometric``)."""
+    rejection_high: float | None = Field(None, ge=1)
+    """Upper bound of the accepted ratio band; default 5 (``token``) or 1.001 (``geometric``)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty to the initial policy (0: no reference model is loaded)."""
     kl_estimator: KLEstimator = "k3"
-    """Estimator of the KL penalty."""
+    """Estimator of the KL penalty (k3 is clamped at 10 per token, as verl's low_var_kl)."""
+
+    @field_validator("importance_level", mode="before")
+    @classmethod
+    def _no_geometric_weights(cls, value: object) -> object:
+        if value == "geometric":
+            raise ValueError(
+                "geometric-mean ratios accept or reject whole sequences rather than weigh them: "
+                "set algorithm.rejection=geometric (with importance_level token or sequence for "
+                "the weights)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.old_logprobs == "engine" and self.importance_correction != "none":
+            raise ValueError(
+                f"algorithm.importance_correction={self.importance_correction} has no effect "
+                "with algorithm.old_logprobs=engine (the ratio to the engine is itself the "
+                "correction); set algorithm.importance_correction=none or "
+                "algorithm.old_logprobs=trainer"
+            )
+        bounds = {"rejection_low": self.rejection_low, "rejection_high": self.rejection_high}
+        given = [f"algorithm.{k}" for k, v in bounds.items() if v is not None]
+        if self.rejection == "none" and given:
+            raise ValueError(
+                f"{' and '.join(given)} set with algorithm.rejection=none: the bounds apply "
+                "only to algorithm.rejection=token or geometric"
+            )
+        if self.rejection_low is not None and self.rejection_low == self.rejection_high:
+            raise ValueError(
+                "algorithm.rejection_low and algorithm.rejection_high are equal: the band must "
+                "have a width, or every sequence is rejected"
+            )
+        return self
 
 
 class StreamConfig(Config):
@@ -221,7 +284,8 @@ class StreamConfig(Config):
     training (rollouts for step s start only once the weights of step s are in the engine)."""
     staleness_mode: StalenessMode = "drop"
     """For tokens beyond the bound: ``drop`` their group, ``mask`` the tokens, or keep them for
-    ``importance`` correction."""
+    ``importance`` correction (by algorithm.importance_correction, or by the ratio to the engine
+    with algorithm.old_logprobs=engine)."""
     partial_rollouts: Literal["pause", "abort"] = "pause"
     """At a weight update, in-flight generations are paused and continue under the new weights
     (``pause``), or aborted, keeping their tokens, and re-issued (``abort``)."""
@@ -272,6 +336,18 @@ class TrainConfig(Config):
                 f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}) must be at least "
                 f"rollout.max_total_tokens ({self.rollout.max_total_tokens}): a trajectory "
                 "cannot be split across micro-batches"
+            )
+        algorithm = self.algorithm
+        if (
+            self.stream.staleness_mode == "importance"
+            and algorithm.old_logprobs == "trainer"
+            and algorithm.importance_correction == "none"
+        ):
+            raise ValueError(
+                "stream.staleness_mode=importance keeps stale tokens for importance correction, "
+                "but algorithm.importance_correction=none corrects nothing (with "
+                "algorithm.old_logprobs=trainer); set algorithm.importance_correction=tis or mis, "
+                "or stream.staleness_mode=drop or mask"
             )
         return self
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -149,6 +150,16 @@ def test_reinforce_pp_token_counts_equal_whitening_over_tokens(data, draw) -> No
     expected = (tokens - mean) / (std + 1e-6) * mask
     adv = reinforce_pp_advantages(rewards, ids, token_counts=lengths)
     torch.testing.assert_close(broadcast_to_tokens(adv, mask), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_reinforce_pp_token_weighting_by_hand() -> None:
+    # Rewards 1 and 0 on 1 and 3 loss tokens: over the 4 tokens the mean is 1/4 and the variance
+    # (1 * (3/4)^2 + 3 * (1/4)^2) / 4 = 3/16, std 0.433013; advantages 0.75 / 0.433013 = 1.732051
+    # and -0.25 / 0.433013 = -0.577350. Per trajectory (no counts) they would be +1 and -1.
+    rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    adv = reinforce_pp_advantages(rewards, token_counts=torch.tensor([1, 3]), eps=0.0)
+    assert adv.tolist() == pytest.approx([math.sqrt(3), -1 / math.sqrt(3)])
+    assert reinforce_pp_advantages(rewards, eps=0.0).tolist() == pytest.approx([1.0, -1.0])
 
 
 def test_reinforce_pp_ignores_trajectories_without_tokens() -> None:

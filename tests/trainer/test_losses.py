@@ -1,4 +1,5 @@
-"""PPO-clip, GSPO, aggregation over micro-batches, KL estimators and entropy."""
+"""PPO-clip (with dual-clip), GSPO, CISPO, aggregation over micro-batches, KL estimators and
+entropy."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agentrl.trainer.losses import (
@@ -40,7 +41,9 @@ def rollouts(draw, max_n: int = 6, max_t: int = 7):
     return logprobs, old, advantages, mask
 
 
-def ppo_by_hand(logprobs, old, advantages, mask, clip_low, clip_high, agg, norm_length=None):
+def ppo_by_hand(
+    logprobs, old, advantages, mask, clip_low, clip_high, agg, norm_length=None, clip_ratio_c=None
+):
     """Token loop over the documented formulas."""
     n, t = logprobs.shape
     total, per_seq = 0.0, []
@@ -52,7 +55,10 @@ def ppo_by_hand(logprobs, old, advantages, mask, clip_low, clip_high, agg, norm_
             rho = math.exp(float(logprobs[i, j] - old[i, j]))
             a = float(advantages[i, j])
             clipped = min(max(rho, 1 - clip_low), 1 + clip_high)
-            tokens.append(max(-a * rho, -a * clipped))
+            loss = max(-a * rho, -a * clipped)
+            if clip_ratio_c is not None and a < 0:
+                loss = min(loss, -a * clip_ratio_c)
+            tokens.append(loss)
         total += sum(tokens)
         if tokens:
             per_seq.append(sum(tokens) / len(tokens))
@@ -70,8 +76,8 @@ clips = st.tuples(st.sampled_from([0.0, 0.1, 0.2]), st.sampled_from([0.0, 0.2, 0
 
 
 @settings(max_examples=150, deadline=None)
-@given(rollouts(), clips, st.sampled_from(AGGS))
-def test_ppo_matches_the_formula(data, clip, agg) -> None:
+@given(rollouts(), clips, st.sampled_from(AGGS), st.sampled_from([None, 1.5, 3.0]))
+def test_ppo_matches_the_formula(data, clip, agg, clip_ratio_c) -> None:
     logprobs, old, advantages, mask = data
     loss, _ = policy_loss(
         logprobs,
@@ -80,10 +86,13 @@ def test_ppo_matches_the_formula(data, clip, agg) -> None:
         mask,
         clip_low=clip[0],
         clip_high=clip[1],
+        clip_ratio_c=clip_ratio_c,
         agg=agg,
         norm_length=9,
     )
-    expected = ppo_by_hand(logprobs, old, advantages, mask, *clip, agg, norm_length=9)
+    expected = ppo_by_hand(
+        logprobs, old, advantages, mask, *clip, agg, norm_length=9, clip_ratio_c=clip_ratio_c
+    )
     assert loss.item() == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
@@ -110,8 +119,71 @@ def test_asymmetric_clip(ratio: float, advantage: float, clip_high: float, clipp
     assert metrics[side].item() == float(clipped)
 
 
+@pytest.mark.parametrize(
+    ("ratio", "advantage", "clip_ratio_c", "loss", "grad"),
+    [
+        # A < 0, ratio 5 past clip_ratio_c 3: loss min(max(5, 5), 3) = 3, constant: no gradient
+        (5.0, -1.0, 3.0, 3.0, 0.0),
+        # without dual-clip: loss -A * r = 5, d/dlogp (-A * e^(logp - old)) = -A * r = 5
+        (5.0, -1.0, None, 5.0, 5.0),
+        # ratio 2 is below clip_ratio_c: loss 2, gradient 2, dual-clip or not
+        (2.0, -1.0, 3.0, 2.0, 2.0),
+        # A > 0 never dual-clips: ratio 5 is clipped at 1.28 as usual, loss -1.28, no gradient
+        (5.0, 1.0, 3.0, -1.28, 0.0),
+    ],
+)
+def test_dual_clip_bounds_negative_advantage_tokens(ratio, advantage, clip_ratio_c, loss, grad):
+    old = torch.tensor([[-2.0]], dtype=torch.float64)
+    logprobs = (old + math.log(ratio)).requires_grad_()
+    got, metrics = policy_loss(
+        logprobs,
+        old,
+        torch.tensor([[advantage]], dtype=torch.float64),
+        torch.ones(1, 1),
+        clip_high=0.28,
+        clip_ratio_c=clip_ratio_c,
+    )
+    got.backward()
+    assert got.item() == pytest.approx(loss)
+    assert logprobs.grad.item() == pytest.approx(grad)
+    assert metrics["clip_dual_fraction"].item() == float(grad == 0 and advantage < 0)
+
+
+def test_cispo_by_hand() -> None:
+    # Ratios 0.5, 1.0, 1.5 (to old), advantages 1, -1, 2, log-probs log 0.1, log 0.3, log 0.6.
+    # No lower bound (clip_low = 1) and clip_high 0.28: weights sg(clip(r)) = 0.5, 1.0, 1.28.
+    # Per token -w A logp: 0.5 * 2.302585 = 1.151293, -1 * -1 * -1.203973 = -1.203973,
+    # -1.28 * 2 * -0.510826 = 1.307714; token-mean (1.151293 - 1.203973 + 1.307714) / 3 = 0.418344.
+    # d loss / d logp_t = -w_t A_t / 3 = -0.5/3, 1/3, -2.56/3: the third token, which PPO would
+    # clip out (r > 1.28 with A > 0), keeps a gradient.
+    logprobs = torch.log(torch.tensor([[0.1, 0.3, 0.6]], dtype=torch.float64)).requires_grad_()
+    old = logprobs.detach() - torch.log(torch.tensor([[0.5, 1.0, 1.5]], dtype=torch.float64))
+    advantages = torch.tensor([[1.0, -1.0, 2.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3)
+    loss, metrics = policy_loss(
+        logprobs, old, advantages, mask, kind="cispo", clip_low=1.0, clip_high=0.28
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(0.418344446, rel=1e-8)
+    assert logprobs.grad[0].tolist() == pytest.approx([-0.5 / 3, 1 / 3, -2.56 / 3])
+    assert metrics["clip_fraction"].item() == pytest.approx(1 / 3)  # only 1.5 is clipped
+    assert metrics["clip_high_fraction"].item() == pytest.approx(1 / 3)
+    # A lower bound of 1 - 0.2 = 0.8 lifts the first weight to 0.8: gradient -0.8 / 3 there.
+    logprobs.grad = None
+    loss, metrics = policy_loss(
+        logprobs, old, advantages, mask, kind="cispo", clip_low=0.2, clip_high=0.28
+    )
+    loss.backward()
+    assert logprobs.grad[0, 0].item() == pytest.approx(-0.8 / 3)
+    assert metrics["clip_low_fraction"].item() == pytest.approx(1 / 3)
+    # PPO on the same tokens: the third token is clipped and gets no gradient.
+    logprobs.grad = None
+    policy_loss(logprobs, old, advantages, mask, kind="ppo", clip_high=0.28)[0].backward()
+    assert logprobs.grad[0, 2].item() == 0
+
+
 @settings(max_examples=100, deadline=None)
-@given(rollouts(), st.sampled_from(["ppo", "gspo"]))
+@given(rollouts(), st.sampled_from(["ppo", "gspo", "cispo"]))
 def test_on_policy_gradient_is_the_policy_gradient(data, kind) -> None:
     """At old == current the ratio is 1, nothing clips, and d loss / d logp = -A / D."""
     _, old, advantages, mask = data
@@ -163,7 +235,9 @@ def test_gspo_gradient_is_the_sequence_objective_gradient(data, clip) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(rollouts(max_n=8), st.sampled_from(AGGS), st.sampled_from(["ppo", "gspo"]), st.data())
+@given(
+    rollouts(max_n=8), st.sampled_from(AGGS), st.sampled_from(["ppo", "gspo", "cispo"]), st.data()
+)
 def test_micro_batches_with_the_global_denominator_equal_one_batch(data, agg, kind, draw) -> None:
     logprobs, old, advantages, mask = data
     n = logprobs.shape[0]
@@ -233,7 +307,7 @@ def test_norm_length_is_required_for_dr_grpo_aggregation() -> None:
         aggregate(x, x, "sum")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("kind", ["ppo", "gspo"])
+@pytest.mark.parametrize("kind", ["ppo", "gspo", "cispo"])
 def test_garbage_at_padding_does_not_leak(kind: str) -> None:
     logprobs = torch.tensor([[-1.0, -0.5, -torch.inf], [-2.0, torch.nan, torch.inf]])
     logprobs.requires_grad_()
@@ -295,6 +369,9 @@ def test_rejects_bad_arguments() -> None:
         policy_loss(x, x, torch.zeros(2, 4), x)
     with pytest.raises(ValueError, match="clip_low"):
         policy_loss(x, x, x, x, clip_low=1.0)
+    policy_loss(x, x, x, x, kind="cispo", clip_low=1.0)  # CISPO: no lower bound is allowed
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        policy_loss(x, x, x, x, clip_ratio_c=1.0)
     with pytest.raises(ValueError, match="kind"):
         policy_loss(x, x, x, x, kind="trpo")  # type: ignore[arg-type]
 
@@ -317,11 +394,18 @@ def expectation_under(policy_logits: torch.Tensor, per_token: torch.Tensor) -> t
     return (policy_logits.log_softmax(-1).exp().detach() * per_token).sum()
 
 
+def k3_is_unclamped(logp: torch.Tensor, ref: torch.Tensor) -> bool:
+    """No token's k3 reaches the clamp at 10 (r = ref - logp < 2.6 and > -11)."""
+    r = ref - logp
+    return bool(((r < 2.6) & (r > -11)).all())
+
+
 @settings(max_examples=200, deadline=None)
-@given(categorical_pairs())
+@given(categorical_pairs(max_shift=1.0))
 def test_k1_and_k3_are_unbiased_and_k2_is_second_order(pair) -> None:
     policy_logits, ref_logits = pair
     logp, ref = policy_logits.log_softmax(-1), ref_logits.log_softmax(-1)
+    assume(k3_is_unclamped(logp, ref))  # the clamp makes k3 biased beyond it, on purpose
     exact = float((logp.exp() * (logp - ref)).sum())  # KL(policy || ref)
     k = {kind: kl_penalty(logp[None], ref[None], kind)[0] for kind in ("k1", "k2", "k3")}
     assert float(expectation_under(policy_logits, k["k1"])) == pytest.approx(exact, abs=1e-9)
@@ -346,11 +430,12 @@ def test_k2_and_k3_are_nonnegative(logp: float, ref: float, dtype: torch.dtype) 
 
 
 @settings(max_examples=100, deadline=None)
-@given(categorical_pairs())
+@given(categorical_pairs(max_shift=1.0))
 def test_kl_estimator_gradients(pair) -> None:
     """As loss terms: E[grad k1] = 0, E[grad k2] = grad KL(pi||ref), E[grad k3] = grad KL(ref||pi)."""
     policy_logits, ref_logits = pair
     ref = ref_logits.log_softmax(-1)
+    assume(k3_is_unclamped(policy_logits.log_softmax(-1), ref))
 
     def grad_of(fn) -> torch.Tensor:
         theta = policy_logits.clone().requires_grad_()
@@ -387,6 +472,18 @@ def test_sampled_estimates_agree_with_exact_kl_and_k3_has_lower_variance() -> No
     k1 = kl_penalty(logp[samples][None], ref[samples][None], "k1")[0]
     k3 = kl_penalty(logp[samples][None], ref[samples][None], "k3")[0]
     assert float(k3.var()) < float(k1.var())
+
+
+def test_k3_is_clamped_at_10_like_verls_low_var_kl() -> None:
+    # r = ref - logp. r = 1: k3 = e - 1 - 1 = 0.718282, d k3 / d logp = -(e^r - 1) = -1.718282.
+    # r = -15: e^-15 + 14 = 14.0000003 -> 10; r = 12: e^12 - 13 = 162741.8 -> 10; both without
+    # gradient (the clamp is flat there).
+    logp = torch.zeros(1, 3, dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[1.0, -15.0, 12.0]], dtype=torch.float64)
+    k3 = kl_penalty(logp, ref, "k3")
+    assert k3[0].tolist() == pytest.approx([math.e - 2, 10.0, 10.0])
+    k3.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([-(math.e - 1), 0.0, 0.0])
 
 
 def test_kl_penalty_is_zero_against_itself_and_reference_gets_no_gradient() -> None:
@@ -431,3 +528,15 @@ def test_entropy_edge_cases() -> None:
     torch.testing.assert_close(entropy_from_logits(bf16), entropy_from_logits(bf16.float()))
     with pytest.raises(ValueError, match="chunk_size"):
         entropy_from_logits(uniform, chunk_size=0)
+    with pytest.raises(ValueError, match="temperature"):
+        entropy_from_logits(uniform, temperature=0.0)
+
+
+def test_entropy_is_that_of_the_tempered_distribution() -> None:
+    # logits (2, 0, 0): H = log Z - sum p z, Z = e^z0 + 2.
+    # T = 1: log(e^2 + 2) - 2 e^2 / (e^2 + 2) = 2.239545 - 2 * 0.786986 = 0.665573.
+    # T = 0.5, i.e. logits (4, 0, 0): log(e^4 + 2) - 4 e^4 / (e^4 + 2) = 4.035976 - 3.858653
+    # = 0.177324: the distribution tokens were sampled from is much sharper.
+    logits = torch.tensor([[[2.0, 0.0, 0.0]]])
+    assert entropy_from_logits(logits).item() == pytest.approx(0.665573, abs=1e-6)
+    assert entropy_from_logits(logits, temperature=0.5).item() == pytest.approx(0.177324, abs=1e-6)

@@ -1,9 +1,11 @@
 """The packed-batch objective: the loss of the plain formulas, split-invariant, with its metrics."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
 from agentrl.trainer.logprobs import token_logprobs
 from agentrl.trainer.objective import Objective
@@ -96,7 +98,9 @@ def test_loss_and_gradient_match_the_plain_formulas(model):
 @pytest.mark.parametrize("kind", ["ppo", "gspo"])
 def test_micro_batch_splits_do_not_change_the_loss_or_metrics(model, agg, kind):
     seqs = sequences(model)
-    config = AlgorithmConfig(aggregation=agg, loss=kind, old_logprobs="engine")
+    config = AlgorithmConfig(
+        aggregation=agg, loss=kind, old_logprobs="engine", importance_correction="none"
+    )
     whole = run(Objective(config, temperature=1.0, norm_length=16), model, pack(seqs, 64))
     split = run(Objective(config, temperature=1.0, norm_length=16), model, pack(seqs, 12))
     assert len(pack(seqs, 12)) > 1
@@ -108,7 +112,11 @@ def test_micro_batch_splits_do_not_change_the_loss_or_metrics(model, agg, kind):
 def test_engine_old_logprobs_put_the_mismatch_into_the_ratio(model):
     seqs = sequences(model, noise=0.5)  # ratios exp(-0.5 * (i + 1)): clipped for A < 0 ... etc.
     _, metrics = run(
-        Objective(AlgorithmConfig(old_logprobs="engine"), temperature=1.0), model, pack(seqs, 64)
+        Objective(
+            AlgorithmConfig(old_logprobs="engine", importance_correction="none"), temperature=1.0
+        ),
+        model,
+        pack(seqs, 64),
     )
     assert metrics["policy/ratio_min"] == pytest.approx(math.exp(-2.0), rel=1e-4)
     assert metrics["policy/clip_fraction"] > 0
@@ -121,3 +129,108 @@ def test_kl_to_an_identical_reference_is_zero_and_needs_a_reference(model, make_
     objective = Objective(config, temperature=1.0, reference=make_tiny_llama())
     _, metrics = run(objective, model, pack(sequences(model), 64))
     assert metrics["policy/kl_ref"] == pytest.approx(0.0, abs=1e-6)
+
+
+# --- a model whose every prediction is the logits (2, 0, 0): log-probs known by hand --------------
+#
+# At T = 1: Z = e^2 + 2, log Z = 2.239545; log p(0) = 2 - 2.239545 = -0.239545 and
+# log p(1) = log p(2) = -2.239545. At T = 0.5 (logits (4, 0, 0)): log Z = 4.035976.
+LOGP0, LOGP1 = 2 - math.log(math.e**2 + 2), -math.log(math.e**2 + 2)
+
+
+class FixedLogits(nn.Module):
+    """Predicts logits (2, 0, 0) at every kept position, whatever the input."""
+
+    config = SimpleNamespace(_attn_implementation="sdpa")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(torch.tensor([2.0, 0.0, 0.0]))
+
+    def forward(self, input_ids, position_ids, use_cache, logits_to_keep):
+        return SimpleNamespace(logits=self.logits.expand(1, len(logits_to_keep), 3))
+
+
+def fixed_sequences():
+    """A (advantage 1): ids 0 0 0 0, 3 loss tokens of log-prob LOGP0 at T = 1; B (advantage 2):
+    ids 0 1 1, 2 loss tokens of LOGP1. Engine log-probs are those minus a gap, so trainer -
+    engine is 0.1, -0.1, 0 on A's tokens and 0.3, 0.3 on B's (at T = 1)."""
+    return [
+        {
+            "input_ids": [0, 0, 0, 0],
+            "loss_mask": [0, 1, 1, 1],
+            "logprobs": [0.0, LOGP0 - 0.1, LOGP0 + 0.1, LOGP0],
+            "versions": [-1, 0, 0, 0],
+            "advantages": 1.0,
+        },
+        {
+            "input_ids": [0, 1, 1],
+            "loss_mask": [0, 1, 1],
+            "logprobs": [0.0, LOGP1 - 0.3, LOGP1 - 0.3],
+            "versions": [-1, 0, 0],
+            "advantages": 2.0,
+        },
+    ]
+
+
+def test_entropy_metric_is_that_of_the_sampling_temperature():
+    # Every prediction is softmax((2, 0, 0) / T). T = 0.5: log(e^4 + 2) - 4 e^4 / (e^4 + 2)
+    # = 4.035976 - 3.858653 = 0.177324 (at T = 1 it would be 0.665573).
+    objective = Objective(AlgorithmConfig(), temperature=0.5)
+    _, metrics = run(objective, FixedLogits(), pack(fixed_sequences(), 64))
+    assert metrics["policy/entropy"] == pytest.approx(0.177324, abs=1e-6)
+
+
+def test_geometric_rejection_with_token_tis():
+    # trainer - engine: A's tokens 0.1, -0.1, 0 (geometric mean 0: accepted), B's 0.3, 0.3
+    # (geometric ratio e^0.3 = 1.35: rejected). Old log-probs are the trainer's: ratio 1, so the
+    # per-token loss is -A * w. Token TIS weights of A: e^0.1 = 1.105171, e^-0.1 = 0.904837, 1.
+    # Token-mean over all 5 loss tokens: -(1.105171 + 0.904837 + 1) * 1 / 5 = -0.602002.
+    # Without rejection B adds -2 * 2 * e^0.3 = -5.399435: (-3.010008 - 5.399435) / 5 = -1.681889.
+    config = AlgorithmConfig(rejection="geometric")
+    loss, metrics = run(
+        Objective(config, temperature=1.0), FixedLogits(), pack(fixed_sequences(), 64)
+    )
+    assert float(loss.detach()) == pytest.approx(-0.602002, abs=1e-6)
+    assert metrics["rejection/rejected_fraction"] == pytest.approx(2 / 5)
+    assert metrics["rejection/rejected_high_fraction"] == pytest.approx(2 / 5)
+    # The importance statistics are those of every loss token: ratios 1.105171, 0.904837, 1,
+    # 1.349859, 1.349859, mean 5.709726 / 5 = 1.141945.
+    assert metrics["importance/ratio_mean"] == pytest.approx(1.141945, abs=1e-6)
+    loss, _ = run(
+        Objective(AlgorithmConfig(), temperature=1.0), FixedLogits(), pack(fixed_sequences(), 64)
+    )
+    assert float(loss.detach()) == pytest.approx(-1.681889, abs=1e-6)
+
+
+def test_cispo_against_the_engine():
+    # old = engine: ratios e^0.1, e^-0.1, 1 (A) and e^0.3 = 1.349859 (B, cut to 1 + 0.28).
+    # Per token -w A logp. A: 0.239545 * (1.105171 + 0.904837 + 1) = 0.721033.
+    # B: -1.28 * 2 * -2.239545 = 5.733235 per token, twice. (0.721033 + 11.466470) / 5 = 2.437501.
+    config = AlgorithmConfig(loss="cispo", old_logprobs="engine", importance_correction="none")
+    loss, metrics = run(
+        Objective(config, temperature=1.0), FixedLogits(), pack(fixed_sequences(), 64)
+    )
+    assert float(loss.detach()) == pytest.approx(2.437501, abs=1e-6)
+    assert metrics["policy/clip_fraction"] == pytest.approx(2 / 5)
+
+
+@pytest.mark.parametrize(("clip_ratio_c", "expected"), [(3.0, 3.0), (None, 5.0)])
+def test_dual_clip_is_wired(clip_ratio_c, expected):
+    # One sequence, one loss token with engine ratio 5 and A = -1, old = engine. PPO: max(5, 5)
+    # = 5; dual-clip at 3: min(5, 3) = 3.
+    seq = [
+        {
+            "input_ids": [0, 1],
+            "loss_mask": [0, 1],
+            "logprobs": [0.0, LOGP1 - math.log(5.0)],
+            "versions": [-1, 0],
+            "advantages": -1.0,
+        }
+    ]
+    config = AlgorithmConfig(
+        old_logprobs="engine", importance_correction="none", clip_ratio_c=clip_ratio_c
+    )
+    loss, metrics = run(Objective(config, temperature=1.0), FixedLogits(), pack(seq, 64))
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
+    assert metrics["policy/clip_dual_fraction"] == float(clip_ratio_c is not None)

@@ -1,4 +1,5 @@
-"""Importance weights (TIS/MIS, token and sequence), mismatch metrics, staleness bounds."""
+"""Importance weights (TIS/MIS, token and sequence), rejection (token and geometric), mismatch
+metrics, staleness bounds."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from agentrl.trainer.off_policy import (
     importance_weights,
     mismatch_metrics,
+    rejection_mask,
     staleness,
     staleness_policy,
 )
@@ -48,7 +50,7 @@ def per_level_log_ratio(trainer, engine, mask, level):
 
 
 @settings(max_examples=200, deadline=None)
-@given(logprob_pairs(), caps, st.sampled_from(["token", "sequence", "geometric"]))
+@given(logprob_pairs(), caps, st.sampled_from(["token", "sequence"]))
 def test_tis_is_the_ratio_truncated_at_cap(data, cap, level) -> None:
     trainer, engine, mask = data
     weights, metrics = importance_weights(trainer, engine, mask, mode="tis", level=level, cap=cap)
@@ -63,7 +65,7 @@ def test_tis_is_the_ratio_truncated_at_cap(data, cap, level) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(logprob_pairs(), caps, st.sampled_from(["token", "sequence", "geometric"]), st.booleans())
+@given(logprob_pairs(), caps, st.sampled_from(["token", "sequence"]), st.booleans())
 def test_mis_keeps_the_ratio_inside_the_band_and_zeroes_the_rest(data, cap, level, two_sided):
     trainer, engine, mask = data
     lower = 1 / cap if two_sided else 0.0
@@ -91,27 +93,109 @@ def test_sequence_weight_is_the_product_of_token_ratios() -> None:
     engine = torch.log(torch.tensor([[0.5, 0.5, 0.9, 0.1]]))
     trainer = torch.log(torch.tensor([[0.6, 0.4, 0.9, 0.7]]))
     mask = torch.tensor([[1, 1, 1, 0]])
-    product = (0.6 / 0.5) * (0.4 / 0.5) * 1.0  # the masked 7x is not part of it
+    product = (0.6 / 0.5) * (0.4 / 0.5) * 1.0  # = 0.96; the masked 7x is not part of it
     weights, _ = importance_weights(trainer, engine, mask, mode="tis", level="sequence", cap=5)
     assert weights[0].tolist() == pytest.approx([product] * 3 + [0.0], rel=1e-5)
-    weights, _ = importance_weights(trainer, engine, mask, mode="tis", level="geometric", cap=5)
-    assert weights[0].tolist() == pytest.approx([product ** (1 / 3)] * 3 + [0.0], rel=1e-5)
+
+
+def test_mis_is_two_sided_by_default() -> None:
+    # Token ratios 0.4, 1.0, 1.9, 2.5 against the default band [0.5, 2]: 0.4 is below the lower
+    # bound and 2.5 above the cap, so both weigh 0; the others keep their ratio.
+    engine = torch.zeros(1, 4)
+    trainer = torch.log(torch.tensor([[0.4, 1.0, 1.9, 2.5]]))
+    mask = torch.ones(1, 4)
+    weights, metrics = importance_weights(trainer, engine, mask, mode="mis")
+    assert weights[0].tolist() == pytest.approx([0.0, 1.0, 1.9, 0.0], rel=1e-6)
+    assert metrics["masked_fraction"].item() == pytest.approx(2 / 4)
+    # lower=0 is the one-sided (Liu et al.) form: 0.4 is kept, 2.5 still masked.
+    weights, _ = importance_weights(trainer, engine, mask, mode="mis", lower=0.0)
+    assert weights[0].tolist() == pytest.approx([0.4, 1.0, 1.9, 0.0], rel=1e-6)
+
+
+def test_geometric_level_is_no_importance_weight() -> None:
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="rejection_mask"):
+        importance_weights(x, x, x, level="geometric")  # type: ignore[arg-type]
 
 
 def test_long_sequences_do_not_overflow() -> None:
-    # 10k tokens each 0.05 nats apart: the sequence ratio is e^500.
+    # 10k tokens each 0.05 nats apart: the sequence ratio is e^500, the geometric one e^0.05.
     engine = torch.full((2, 10_000), -1.0)
     trainer = engine + 0.05
     mask = torch.ones(2, 10_000)
     for mode in ("tis", "mis", "none"):
-        for level in ("token", "sequence", "geometric"):
+        for level in ("token", "sequence"):
             weights, metrics = importance_weights(trainer, engine, mask, mode=mode, level=level)
             assert torch.isfinite(weights).all()
             assert all(torch.isfinite(v) for v in metrics.values())
     weights, _ = importance_weights(trainer, engine, mask, mode="mis", level="sequence")
     assert (weights == 0).all()
-    weights, _ = importance_weights(trainer, engine, mask, mode="mis", level="geometric")
-    torch.testing.assert_close(weights, torch.full_like(weights, math.exp(0.05)))
+    # e^0.05 = 1.051: outside the default geometric band [0.999, 1.001], inside [0.5, 2].
+    accepted, _ = rejection_mask(trainer, engine, mask, level="geometric")
+    assert not accepted.any()
+    accepted, _ = rejection_mask(trainer, engine, mask, level="geometric", low=0.5, high=2.0)
+    assert accepted.all()
+
+
+# --- rejection -----------------------------------------------------------------------------------
+
+
+def test_geometric_rejection_accepts_or_rejects_whole_sequences() -> None:
+    # Per-token log-ratios (trainer - engine) of four sequences, 3 loss tokens each:
+    #   0: log 0.5 on each token   -> geometric ratio exactly 0.5  -> rejected (low); a TIS or
+    #      MIS weight at the geometric level would have kept it at weight 0.5
+    #   1: +0.002, -0.001, -0.001  -> mean 0, ratio 1              -> accepted, although two of
+    #      its token ratios (e^0.002 = 1.002, e^-0.001 = 0.9990005) are outside [0.999, 1.001]
+    #   2: +0.006, 0, 0            -> mean 0.002, ratio 1.002 > 1.001 -> rejected (high)
+    #   3: +0.0006, 0, 0 and a 4th token off the mask at +5 -> mean 0.0002 over its 3 loss tokens,
+    #      ratio 1.0002                                        -> accepted
+    half = math.log(0.5)
+    d = torch.tensor(
+        [
+            [half, half, half, 0.0],
+            [0.002, -0.001, -0.001, 0.0],
+            [0.006, 0.0, 0.0, 0.0],
+            [0.0006, 0.0, 0.0, 5.0],
+        ],
+        dtype=torch.float64,
+    )
+    engine = torch.full((4, 4), -2.0, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0]] * 4)
+    accepted, metrics = rejection_mask(engine + d, engine, mask, level="geometric")
+    assert accepted.tolist() == [
+        [False] * 4,
+        [True] * 3 + [False],
+        [False] * 4,
+        [True] * 3 + [False],
+    ]
+    assert metrics["rejected_fraction"].item() == pytest.approx(6 / 12)
+    assert metrics["rejected_low_fraction"].item() == pytest.approx(3 / 12)
+    assert metrics["rejected_high_fraction"].item() == pytest.approx(3 / 12)
+    # Bounds wide enough for 0.5: [0.4, 1.001] keeps sequence 0, still rejects sequence 2.
+    accepted, _ = rejection_mask(engine + d, engine, mask, level="geometric", low=0.4)
+    assert accepted[:, 0].tolist() == [True, True, False, True]
+
+
+def test_token_rejection_uses_icepop_bounds() -> None:
+    # Token ratios 0.4, 0.5, 1.0, 4.9, 5.2 against the default token band [0.5, 5]: the first
+    # and the last leave it. A 6th token off the mask (ratio 100) is neither accepted nor counted.
+    engine = torch.zeros(1, 6)
+    trainer = torch.log(torch.tensor([[0.4, 0.5, 1.0, 4.9, 5.2, 100.0]]))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])
+    accepted, metrics = rejection_mask(trainer, engine, mask, level="token")
+    assert accepted[0].tolist() == [False, True, True, True, False, False]
+    assert metrics["rejected_fraction"].item() == pytest.approx(2 / 5)
+    assert metrics["rejected_low_fraction"].item() == pytest.approx(1 / 5)
+
+
+def test_rejection_rejects_bad_bounds_and_levels() -> None:
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match=r"low <= 1 <= high"):
+        rejection_mask(x, x, x, level="token", low=1.2)
+    with pytest.raises(ValueError, match=r"low <= 1 <= high"):
+        rejection_mask(x, x, x, level="geometric", low=1.0, high=1.0)
+    with pytest.raises(ValueError, match="rejection level"):
+        rejection_mask(x, x, x, level="sequence")  # type: ignore[arg-type]
 
 
 @settings(max_examples=100, deadline=None)

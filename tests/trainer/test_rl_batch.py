@@ -131,3 +131,38 @@ def test_metrics_per_environment():
     m = batch.metrics
     assert (m["env/Math-v0/episodes"], m["env/Math-v0/reward_mean"]) == (2, 0.5)
     assert (m["env/code/errors"], m["env/code/infra_errors"], m["env/code/turns_mean"]) == (1, 1, 0)
+
+
+def test_reinforce_pp_whitens_over_the_loss_tokens():
+    # Rewards 1 and 0 with 1 and 3 completion tokens, whitened over the 4 tokens: mean 1/4,
+    # variance (0.75^2 + 3 * 0.25^2) / 4 = 3/16, std 0.433013 -> 0.75 / 0.433013 = 1.732051 and
+    # -0.25 / 0.433013 = -0.577350 (per trajectory, as before, it was +1 and -1).
+    groups = [[episode(0, 0, 1.0, versions=(0,)), episode(0, 1, 0.0, versions=(0, 0, 0))]]
+    batch = build_batch(groups, AlgorithmConfig(advantage="reinforce_pp"), StreamConfig(), 0)
+    assert [s["advantages"] for s in batch.sequences] == pytest.approx(
+        [3**0.5, -(3**-0.5)], rel=1e-5
+    )
+
+
+def test_reinforce_pp_whitens_what_the_staleness_bound_leaves():
+    # Group 0 (fresh): rewards 1 and 0 on 1 and 3 tokens. Group 1 (stale at bound 0, dropped):
+    # rewards 1 and 1 on 2 tokens each. Whitened over group 0's 4 tokens only: 1.732051 and
+    # -0.577350 as above. Statistics over all 8 tokens (rewards 1, 0, 0, 0, 1, 1, 1, 1: mean 5/8,
+    # std sqrt(15/64) = 0.484123) would give 0.774597 and -1.290994: not whitened.
+    fresh = [episode(0, 0, 1.0, versions=(3,)), episode(0, 1, 0.0, versions=(3, 3, 3))]
+    stale = [episode(1, 0, 1.0, versions=(2, 2)), episode(1, 1, 1.0, versions=(2, 2))]
+    algorithm = AlgorithmConfig(advantage="reinforce_pp")
+    batch = build_batch([fresh, stale], algorithm, StreamConfig(max_staleness=0), 3)
+    assert len(batch.sequences) == 2
+    assert [s["advantages"] for s in batch.sequences] == pytest.approx(
+        [3**0.5, -(3**-0.5)], rel=1e-5
+    )
+    assert batch.metrics["advantage/mean"] == pytest.approx((3**0.5 - 3**-0.5) / 2, rel=1e-5)
+    # Masking instead: a stale token leaves its trajectory's count. Rewards 1, 0 on tokens
+    # (v3, v2) and (v3, v3, v3) at bound 0: counts 1 and 3 again, so the same advantages.
+    masked = [episode(0, 0, 1.0, versions=(3, 2)), episode(0, 1, 0.0, versions=(3, 3, 3))]
+    stream = StreamConfig(max_staleness=0, staleness_mode="mask")
+    batch = build_batch([masked], algorithm, stream, 3)
+    assert [s["advantages"] for s in batch.sequences] == pytest.approx(
+        [3**0.5, -(3**-0.5)], rel=1e-5
+    )

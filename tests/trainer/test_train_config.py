@@ -119,3 +119,77 @@ def test_a_server_command_template_is_checked():
         TrainConfig.load(None, ["engines.kind=sglang", "engines.command=[sglang-wrapper]"])
     with pytest.raises(ConfigError, match=r"only for engines\.kind=serve or sglang"):
         TrainConfig.load(None, ["engines.kind=ray", 'engines.command=["{port}"]'])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # an importance correction the engine reference silently ignored
+        (
+            ["algorithm.old_logprobs=engine"],
+            r"importance_correction=tis has no effect with algorithm\.old_logprobs=engine",
+        ),
+        (
+            ["algorithm.old_logprobs=engine", "algorithm.importance_correction=mis"],
+            r"importance_correction=mis has no effect with algorithm\.old_logprobs=engine",
+        ),
+        # stale tokens kept for a correction that is not applied
+        (
+            ["stream.staleness_mode=importance", "algorithm.importance_correction=none"],
+            r"stream\.staleness_mode=importance .* algorithm\.importance_correction=none",
+        ),
+        # rejection bounds without rejection, and a band of width 0
+        (
+            ["algorithm.rejection_low=0.9"],
+            r"algorithm\.rejection_low set with algorithm\.rejection=none",
+        ),
+        (
+            ["algorithm.rejection_low=0.9", "algorithm.rejection_high=1.1"],
+            r"rejection_low and algorithm\.rejection_high set with algorithm\.rejection=none",
+        ),
+        (
+            [
+                "algorithm.rejection=geometric",
+                "algorithm.rejection_low=1",
+                "algorithm.rejection_high=1",
+            ],
+            r"algorithm\.rejection_low and algorithm\.rejection_high are equal",
+        ),
+        # the geometric mean is a rejection test now, not an importance level
+        (
+            ["algorithm.importance_level=geometric"],
+            r"algorithm\.importance_level: .*rejection=geometric",
+        ),
+        (["algorithm.clip_ratio_c=1"], r"algorithm\.clip_ratio_c: Input should be greater than 1"),
+    ],
+)
+def test_combinations_that_make_no_sense_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig.load(None, overrides)
+
+
+def test_off_policy_combinations_that_make_sense_load():
+    engine = TrainConfig.load(
+        None, ["algorithm.old_logprobs=engine", "algorithm.importance_correction=none"]
+    )
+    assert engine.algorithm.importance_correction == "none"
+    # stale tokens corrected by the ratio to the engine, or by TIS
+    TrainConfig.load(
+        None,
+        [
+            "stream.staleness_mode=importance",
+            "algorithm.old_logprobs=engine",
+            "algorithm.importance_correction=none",
+        ],
+    )
+    TrainConfig.load(None, ["stream.staleness_mode=importance"])
+    geo = TrainConfig.load(None, ["algorithm.rejection=geometric", "algorithm.rejection_high=1.01"])
+    assert (geo.algorithm.rejection_low, geo.algorithm.rejection_high) == (None, 1.01)
+    cispo = TrainConfig.load(None, ["algorithm.loss=cispo", "algorithm.clip_ratio_c=null"])
+    assert cispo.algorithm.cispo_clip_low == 1.0 and cispo.algorithm.clip_ratio_c is None
+    defaults = TrainConfig.load(None).algorithm
+    assert (defaults.clip_ratio_c, defaults.importance_lower, defaults.rejection) == (
+        3.0,
+        0.5,
+        "none",
+    )
