@@ -36,13 +36,14 @@ class BaseTrees:
     """Base-tree archives built on the host, one per instance, built once and then reused."""
 
     def __init__(self) -> None:
-        self._archives: dict[str, bytes] = {}
+        self._archives: dict[tuple[str, str, str], bytes] = {}
         self._lock = threading.Lock()
 
     def archive(self, instance: SWEInstance, sdist: Path) -> bytes:
         """The ``.tar.gz`` of ``instance``'s base tree (files relative to the tree's root)."""
+        key = (instance.instance_id, instance.base_commit, str(Path(sdist).resolve()))
         with self._lock:
-            cached = self._archives.get(instance.instance_id)
+            cached = self._archives.get(key)
         if cached is not None:
             return cached
         with tempfile.TemporaryDirectory(prefix="agentrl-swe-") as scratch:
@@ -61,7 +62,7 @@ class BaseTrees:
                         archive.add(path, arcname=str(relative), recursive=False)
         data = buffer.getvalue()
         with self._lock:
-            self._archives[instance.instance_id] = data
+            self._archives[key] = data
         return data
 
 
