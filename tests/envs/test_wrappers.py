@@ -26,6 +26,30 @@ def test_turn_limit_truncates_after_max_turns():
     assert env.step("no")[3] is False, "the count restarts at reset"
 
 
+class FinalTurnProbe(EchoEnv):
+    """Records, at each step, whether the turn limit said it was the last."""
+
+    seen: list[bool]
+
+    async def astep(self, action):
+        self.seen.append(self.final_turn)
+        return await super().astep(action)
+
+
+def test_turn_limit_tells_the_env_which_step_is_the_last():
+    inner = FinalTurnProbe(attempts=10)
+    inner.seen = []
+    env = TurnLimit(inner, max_turns=3)
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step("no")
+    env.reset(seed=0)
+    assert inner.final_turn is False, "reset clears it"
+    env.step("no")
+    assert inner.seen == [False, False, True, False]
+    assert EchoEnv().final_turn is False, "without a turn limit no step is marked"
+
+
 def test_turn_limit_does_not_truncate_a_terminated_step():
     env = TurnLimit(EchoEnv(), max_turns=1)
     obs, _ = env.reset(seed=0)
