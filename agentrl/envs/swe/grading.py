@@ -13,17 +13,21 @@
    ``test_patch``;
 3. records the sha256 of every protected file, runs exactly the ``FAIL_TO_PASS`` and
    ``PASS_TO_PASS`` tests with the project's test command, a reporting plugin that writes each
-   test's outcome to a file with a random name, and ``-rA``;
+   test's outcome to a file with a random name that the code under test is never told (the
+   plugin reads it from a file it deletes before any project code runs), and ``-rA``;
 4. scores 1 only when all of these agree: every required test passed by the plugin's report,
    every one reported ``PASSED`` by the ``swebench`` package's ``parse_log_pytest`` on the output,
    the runner exited 0, the report was written at the session's end (a runner killed or exited
    early writes none), and the protected files are unchanged after the run.
 
-A patch that prints fake ``PASSED`` lines fails on the report and the exit code; one that edits
-the tests fails in step 1 (or on the hashes, if it rewrites them at run time); one that kills the
-runner fails on the missing report. Not covered: code that patches pytest's own reporting from
-inside the test process (it can forge the report, the output and the exit code alike; no check
-made from the same process can see through that).
+A patch that prints fake ``PASSED`` lines (even past pytest's capture, to the real output) and
+ends the runner with status 0 fails on the missing report, and cannot write one itself because it
+cannot learn its path; a patch that lets the tests fail fails on the report and the exit code; one
+that edits the tests fails in step 1 (or on the hashes, if it rewrites them at run time); one that
+kills the runner fails on the missing report. Not covered: code that goes after the grader inside
+the test process (patches pytest's reporting, or finds the plugin's module and its report path):
+it can forge the report, the output and the exit code alike, and no check made from the same
+process can see through that.
 
 Infrastructure failures (no sandbox, a base tree that does not rebuild, a ``test_patch`` that does
 not apply on a patch that left the test files alone) give :attr:`SWEGrade.infra_error`, never a 0.
@@ -174,11 +178,10 @@ async def _grade_in(
         before = await _hashes(sandbox, guarded)
         await sandbox.write_file(f"{scratch}/{_PLUGIN_NAME}.py", _PLUGIN.read_bytes())
         report_path = f"{scratch}/report-{secrets.token_hex(8)}.json"
-        env = {
-            **test_env,
-            "PYTHONPATH": scratch,
-            "AGENTRL_TASKGEN_REPORT": report_path,
-        }
+        # The path goes through a file the plugin deletes as it loads: the environment and
+        # /proc/self/environ show the code under test only that deleted file's name.
+        await sandbox.write_file(f"{scratch}/where", report_path)
+        env = {**test_env, "PYTHONPATH": scratch, "AGENTRL_TASKGEN_REPORT_FILE": f"{scratch}/where"}
         argv = [
             "env",
             *(f"{key}={value}" for key, value in env.items()),

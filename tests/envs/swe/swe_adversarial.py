@@ -28,17 +28,30 @@ def diff(path: str, old: str | None, new: str) -> str:
 
 
 def fake_output(instance: SWEInstance, tree: Path) -> str:
-    """The buggy source prints PASSED for every graded test and a pytest summary when imported,
-    then ends the runner with exit status 0 before any test runs."""
+    """The buggy source, when imported, writes a report of all tests passed wherever a report
+    path in its environment points, prints PASSED for every graded test and a pytest summary, then
+    ends the runner with exit status 0 before any test runs."""
     path = _source(instance)
     old = (tree / path).read_text()
     tests = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    banner = f"========== {len(tests)} passed in 0.01s =========="
     payload = (
-        "\nimport os as _os, sys as _sys\n"
-        f"for _test in {tests!r}:\n"
-        '    print("PASSED " + _test)\n'
-        f'print("{"=" * 10} {len(tests)} passed in 0.01s {"=" * 10}")\n'
-        "_sys.stdout.flush()\n"
+        "\nimport json as _json, os as _os\n"
+        "for _key, _value in _os.environ.items():\n"
+        "    if 'REPORT' in _key:\n"
+        f"        _outcomes = {{_t: 'passed' for _t in {tests!r}}}\n"
+        "        _report = {'exitstatus': 0, 'outcomes': _outcomes, 'failures': {},\n"
+        "                   'collect_errors': [], 'lines': {}}\n"
+        "        open(_value, 'w').write(_json.dumps(_report))\n"
+        "import stat as _stat\n"
+        f"_lines = ''.join('PASSED ' + _t + chr(10) for _t in {tests!r})\n"
+        f"_lines += {banner!r} + chr(10)\n"
+        "for _fd in range(1, 64):  # pytest captures fd 1: find the real output among the pipes\n"
+        "    try:\n"
+        "        if _stat.S_ISFIFO(_os.fstat(_fd).st_mode):\n"
+        "            _os.write(_fd, _lines.encode())\n"
+        "    except OSError:\n"
+        "        pass\n"
         "_os._exit(0)\n"
     )
     return diff(path, old, old + payload)

@@ -1,7 +1,11 @@
 """A pytest plugin that records each test's outcome and failure as JSON (stdlib only).
 
 The task generator loads it with ``-p agentrl_taskgen_report`` from a directory on PYTHONPATH and
-reads the file named by ``$AGENTRL_TASKGEN_REPORT`` when the session ends. It works with pytest 7.2
+reads the file named by ``$AGENTRL_TASKGEN_REPORT`` when the session ends.
+``$AGENTRL_TASKGEN_REPORT_FILE`` instead names a file that holds that path; the plugin reads and
+deletes it when it is imported, before any conftest or project code runs, and takes both variables
+out of ``os.environ``, so the code under test cannot learn where the report goes (SWE-v0's grading
+uses this: a patch must not be able to write a report of its own). It works with pytest 7.2
 (Debian bookworm's) through 9. Outcomes: ``passed``, ``failed``, ``error`` (setup or teardown
 failed), ``skipped``, ``xfail``, ``xpass``; a test counts as passing only when ``passed``.
 
@@ -20,6 +24,19 @@ _failures: dict[str, dict[str, str | None]] = {}
 _collect_errors: list[str] = []
 _lines: dict[str, set[tuple[str, int]]] = {}
 _current = [""]
+
+
+def _take_report_path():
+    path = os.environ.pop("AGENTRL_TASKGEN_REPORT", None)
+    pointer = os.environ.pop("AGENTRL_TASKGEN_REPORT_FILE", None)
+    if pointer:
+        with open(pointer) as handle:
+            path = handle.read().strip()
+        os.unlink(pointer)
+    return path
+
+
+_REPORT_PATH = _take_report_path()
 
 
 def pytest_configure(config):
@@ -100,7 +117,9 @@ def pytest_sessionfinish(session, exitstatus):
         per_file = lines.setdefault(nodeid, {})
         for filename, line in seen:
             per_file.setdefault(os.path.realpath(filename), []).append(line)
-    with open(os.environ["AGENTRL_TASKGEN_REPORT"], "w") as handle:
+    if _REPORT_PATH is None:
+        raise RuntimeError("agentrl_taskgen_report: no AGENTRL_TASKGEN_REPORT(_FILE) was given")
+    with open(_REPORT_PATH, "w") as handle:
         json.dump(
             {
                 "exitstatus": int(exitstatus),
