@@ -7,9 +7,11 @@ one-process group). Rank 0 holds the rollout engines (``engines``: the embedded
 :mod:`agentrl.trainer.engines`) and the :class:`~agentrl.trainer.rollout_stream.RolloutStream`
 that runs episodes against them in the background. Each step:
 
-1. rank 0 takes ``rollout.groups_per_step`` complete groups from the stream and builds the batch
-   (:func:`~agentrl.trainer.rl_batch.build_batch`: advantages, staleness bound, metrics); the
-   batch is broadcast to the other ranks;
+1. rank 0 takes ``rollout.groups_per_step`` complete groups from the stream (with
+   ``algorithm.dynamic_sampling``, groups without signal are filtered out and replaced:
+   :meth:`~agentrl.trainer.rollout_stream.RolloutStream.next_groups_with_signal`) and builds the
+   batch (:func:`~agentrl.trainer.rl_batch.build_batch`: overlong penalty, advantages, staleness
+   bound, metrics); the batch is broadcast to the other ranks;
 2. every rank packs its share (:func:`~agentrl.trainer.packing.pack_for_rank`) and takes one
    optimizer step (:meth:`~agentrl.trainer.actor.Actor.train_step` with
    :class:`~agentrl.trainer.objective.Objective`) in a worker thread, so rollouts keep running
@@ -67,8 +69,8 @@ from agentrl.trainer.objective import Objective
 from agentrl.trainer.packing import pack_for_rank
 from agentrl.trainer.plots import plot_curves
 from agentrl.trainer.progress import DEFAULT_PROGRESS_KEYS, TrainProgress
-from agentrl.trainer.rl_batch import TrainingBatch, build_batch
-from agentrl.trainer.rollout_stream import RolloutStream
+from agentrl.trainer.rl_batch import TrainingBatch, build_batch, group_has_signal
+from agentrl.trainer.rollout_stream import Group, RolloutStream
 from agentrl.trainer.train_config import TrainConfig
 
 STOP = "stop"
@@ -372,11 +374,30 @@ class Trainer:
         if self.is_main:
             assert self.stream is not None
             self._set_status("waiting for rollouts")
-            groups = await self.stream.next_groups(self.stop_event)
-            if groups is not None:
-                batch = build_batch(
-                    groups, self.config.algorithm, self.config.stream, self.actor.step
+            algorithm = self.config.algorithm
+            budget = self.config.rollout.max_new_tokens  # the overlong penalty's default L_max
+            drawn: tuple[list[Group], dict[str, float]] | None
+            if algorithm.dynamic_sampling:
+                drawn = await self.stream.next_groups_with_signal(
+                    functools.partial(
+                        group_has_signal, algorithm=algorithm, max_response_tokens=budget
+                    ),
+                    algorithm.dynamic_sampling_max_draws * self.stream.groups_per_step,
+                    self.stop_event,
                 )
+            else:
+                groups = await self.stream.next_groups(self.stop_event)
+                drawn = None if groups is None else (groups, {})
+            if drawn is not None:
+                groups, sampling = drawn
+                batch = build_batch(
+                    groups,
+                    algorithm,
+                    self.config.stream,
+                    self.actor.step,
+                    max_response_tokens=budget,
+                )
+                batch.metrics.update(sampling)
         if self.dist.world_size > 1:
             payload = [batch if batch is not None else STOP]
             await asyncio.to_thread(dist.broadcast_object_list, payload, 0)

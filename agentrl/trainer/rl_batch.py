@@ -15,6 +15,10 @@ per-token weight ``versions`` and the trajectory's ``advantages``), ready for
   under ``drop`` a group with any stale token is dropped whole, so groups stay together. It is
   applied before the advantages, so that REINFORCE++'s batch whitening, which is over loss tokens
   (each trajectory weighs its loss-token count), covers exactly the tokens trained on.
+* DAPO's overlong penalty (``AlgorithmConfig.overlong_buffer``, :func:`overlong_penalties`) is
+  added to each reward before the advantages, by the episode's completion tokens (the engine's,
+  summed over turns). :func:`group_has_signal` is the dynamic-sampling filter on those rewards
+  (the loop draws the groups: :meth:`RolloutStream.next_groups_with_signal`).
 * Trailing tokens off the loss mask (the chat-template delta of a last environment message that
   no generation followed) are trimmed: nothing is scored after them.
 """
@@ -65,13 +69,65 @@ def advantages_for(
     raise ValueError(f"unknown advantage estimator {kind!r}")
 
 
+def overlong_penalties(
+    lengths: torch.Tensor, max_tokens: int, buffer: int, factor: float
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment ``(N,)`` float64 for response ``lengths`` ``(N,)``: 0 up
+    to ``max_tokens - buffer``, then falling linearly to ``-factor`` at ``max_tokens``, and
+    ``-factor`` beyond. ``buffer`` 0: no penalty."""
+    if buffer == 0:
+        return torch.zeros(lengths.shape, dtype=torch.float64)
+    excess = (lengths.to(torch.float64) - (max_tokens - buffer)).clamp(0, buffer)
+    return -excess / buffer * factor
+
+
+def shaped_rewards(
+    trajectories: Sequence[Trajectory],
+    algorithm: AlgorithmConfig,
+    max_response_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards with the overlong penalty ``(N,)`` float64, and the penalties ``(N,)``.
+
+    ``max_response_tokens``: the budget ``L_max`` when ``algorithm.overlong_max_tokens`` is
+    unset (the trainer passes ``rollout.max_new_tokens``).
+    """
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
+    if not algorithm.overlong_buffer:
+        return rewards, torch.zeros_like(rewards)
+    budget = algorithm.overlong_max_tokens or max_response_tokens
+    if budget is None:
+        raise ValueError("the overlong penalty needs a response budget (max_response_tokens)")
+    lengths = torch.tensor([t.completion_tokens for t in trajectories], dtype=torch.int64)
+    penalties = overlong_penalties(
+        lengths, budget, algorithm.overlong_buffer, algorithm.overlong_penalty
+    )
+    return rewards + penalties, penalties
+
+
+def group_has_signal(
+    group: Sequence[Trajectory],
+    algorithm: AlgorithmConfig,
+    max_response_tokens: int | None = None,
+) -> bool:
+    """Whether the group's valid samples differ in (shaped) reward: a group-relative advantage
+    is 0 for all of them otherwise (dynamic sampling filters such groups out)."""
+    valid = [t for t in group if _valid(t)]
+    if len(valid) < 2:
+        return False
+    rewards, _ = shaped_rewards(valid, algorithm, max_response_tokens)
+    return bool((rewards != rewards[0]).any())
+
+
 def build_batch(
     groups: Sequence[Sequence[Trajectory]],
     algorithm: AlgorithmConfig,
     stream: StreamConfig,
     current_version: int,
+    *,
+    max_response_tokens: int | None = None,
 ) -> TrainingBatch:
-    """The sequences and metrics of one step (see the module docstring)."""
+    """The sequences and metrics of one step (see the module docstring); ``max_response_tokens``
+    is the overlong penalty's default budget (see :func:`shaped_rewards`)."""
     episodes = [t for group in groups for t in group]
     metrics = _episode_metrics(episodes, len(groups))
     small = 0
@@ -105,7 +161,10 @@ def build_batch(
         metrics["staleness/dropped_groups"] = float(len(stale_groups))
     for name, value in decision.metrics.items():
         metrics[f"staleness/{name}"] = float(value)
-    rewards = torch.tensor([t.reward for t in ok], dtype=torch.float64)
+    rewards, penalties = shaped_rewards(ok, algorithm, max_response_tokens)
+    if algorithm.overlong_buffer:
+        metrics["reward/overlong_penalty_mean"] = float(penalties.mean())
+        metrics["reward/overlong_fraction"] = float((penalties < 0).to(torch.float64).mean())
     group_ids = torch.tensor([t.group for t in ok], dtype=torch.int64)
     token_counts = loss_masks.sum(-1)  # (N,) what each trajectory trains on after staleness
     advantages = advantages_for(rewards, group_ids, algorithm.advantage, token_counts)

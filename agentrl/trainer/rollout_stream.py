@@ -15,6 +15,11 @@ With ``k > 0`` rollouts for the next ``k`` steps run while the trainer trains; a
 slower than its peers can still be consumed later than planned, so the trainer also applies the
 bound per token (:func:`agentrl.trainer.off_policy.staleness_policy`) when it builds the batch.
 
+Dynamic sampling (DAPO). :meth:`next_groups_with_signal` filters out groups a predicate finds
+without signal (all rewards equal) and draws replacements: each replacement is one more launch
+allowed, so the launch allowance keeps its meaning (groups ahead of what the trainer consumed),
+and with ``max_staleness = 0`` the replacements run under the step's weights too.
+
 Data position. Group ``g`` resets with seed ``seed + g``; the stream's :attr:`state` (the next new
 group and the groups launched but not yet consumed) goes into checkpoints, and a stream built
 from it launches the unconsumed groups again first, so a resumed run sees the same prompts.
@@ -23,7 +28,7 @@ from it launches the unconsumed groups again first, so a resumed run sees the sa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from agentrl.rollout.runner import RolloutTask, Runner
@@ -88,17 +93,22 @@ class RolloutStream:
         if self._producer is None:
             self._producer = asyncio.create_task(self._produce(), name="rollout-stream")
 
-    def advance(self) -> None:
-        """Allow ``groups_per_step`` more launches (call it after each weight update)."""
-        self._allowance += self.groups_per_step
+    def advance(self, groups: int | None = None) -> None:
+        """Allow ``groups`` (default ``groups_per_step``) more launches (call it after each
+        weight update)."""
+        self._allowance += self.groups_per_step if groups is None else groups
         self._wakeup.set()
 
-    async def next_groups(self, stop: asyncio.Event | None = None) -> list[Group] | None:
-        """The next ``groups_per_step`` complete groups (in group order), or None once ``stop``
-        is set first (groups already taken go back to the queue). Raises ``RuntimeError`` if an
-        episode could not even start (e.g. the environment cannot be made)."""
+    async def next_groups(
+        self, stop: asyncio.Event | None = None, *, count: int | None = None
+    ) -> list[Group] | None:
+        """The next ``count`` (default ``groups_per_step``) complete groups (in group order), or
+        None once ``stop`` is set first (groups already taken go back to the queue). Raises
+        ``RuntimeError`` if an episode could not even start (e.g. the environment cannot be
+        made)."""
+        wanted = self.groups_per_step if count is None else count
         groups: list[Group] = []
-        while len(groups) < self.groups_per_step:
+        while len(groups) < wanted:
             self._raise_failure()
             if stop is not None and stop.is_set():  # also when groups are ready: stop wins
                 for group in groups:
@@ -119,6 +129,44 @@ class RolloutStream:
         for group in groups:
             self._launched.discard(group[0].group)
         return groups
+
+    async def next_groups_with_signal(
+        self,
+        has_signal: Callable[[Group], bool],
+        max_groups: int,
+        stop: asyncio.Event | None = None,
+    ) -> tuple[list[Group], dict[str, float]] | None:
+        """Dynamic sampling: ``groups_per_step`` groups for which ``has_signal`` holds, drawing
+        (and launching) replacements for those it rejects until ``max_groups`` were drawn; then
+        the groups found so far, perhaps fewer or none. Also returns the counts
+        ``dynamic_sampling/drawn``, ``filtered`` and ``cap_hit`` (1 when it stopped short).
+        None once ``stop`` is set (the groups kept so far go back to the queue; the filtered
+        ones are consumed)."""
+        if max_groups < self.groups_per_step:
+            raise ValueError(
+                f"max_groups ({max_groups}) is below groups_per_step ({self.groups_per_step})"
+            )
+        kept: list[Group] = []
+        drawn = 0
+        while len(kept) < self.groups_per_step and drawn < max_groups:
+            count = min(self.groups_per_step - len(kept), max_groups - drawn)
+            if drawn:  # replacements: launches beyond the step's allowance
+                self.advance(count)
+            groups = await self.next_groups(stop, count=count)
+            if groups is None:
+                for group in kept:  # back to the queue and the data position
+                    self._launched.add(group[0].group)
+                    self._queue.put_nowait(group)
+                return None
+            drawn += len(groups)
+            kept.extend(g for g in groups if has_signal(g))
+        kept.sort(key=lambda g: g[0].group)
+        metrics = {
+            "dynamic_sampling/drawn": float(drawn),
+            "dynamic_sampling/filtered": float(drawn - len(kept)),
+            "dynamic_sampling/cap_hit": float(len(kept) < self.groups_per_step),
+        }
+        return kept, metrics
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

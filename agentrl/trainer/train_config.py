@@ -240,6 +240,31 @@ class AlgorithmConfig(Config):
     """Weight of a KL penalty to the initial policy (0: no reference model is loaded)."""
     kl_estimator: KLEstimator = "k3"
     """Estimator of the KL penalty (k3 is clamped at 10 per token, as verl's low_var_kl)."""
+    overlong_buffer: int = Field(0, ge=0)
+    """DAPO's soft overlong punishment: the last this many tokens of the response budget
+    ``L_max`` (``overlong_max_tokens``) are a buffer. An episode of ``n`` completion tokens (the
+    engine's, summed over its turns: ``Trajectory.completion_tokens``) gets ``0`` up to
+    ``L_max - overlong_buffer``, then ``-(n - (L_max - overlong_buffer)) / overlong_buffer *
+    overlong_penalty``, reaching ``-overlong_penalty`` at ``L_max`` and staying there beyond;
+    added to its reward before the advantages (``reward/mean`` stays the environment's reward;
+    the penalty is in ``reward/overlong_penalty_mean`` and ``reward/overlong_fraction``).
+    0 turns it off."""
+    overlong_penalty: float = Field(1.0, gt=0)
+    """The largest overlong penalty (DAPO's factor), reached at ``L_max``."""
+    overlong_max_tokens: int | None = Field(None, ge=1)
+    """The response budget ``L_max`` of the overlong penalty; default ``rollout.max_new_tokens``
+    (one turn's budget: right for single-turn episodes; set it for multi-turn ones, whose
+    completion tokens add up over turns)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: a group whose valid samples all have the same reward (after
+    the overlong penalty) has no group-relative signal, so it is filtered out and more groups
+    are drawn from the stream until the step has ``rollout.groups_per_step`` groups with
+    signal, or ``dynamic_sampling_max_draws`` is reached (then the step trains on the groups
+    it has). Counted in ``dynamic_sampling/drawn``, ``filtered`` and ``cap_hit``. Meant for the
+    group-relative estimators (``grpo``, ``dr_grpo``, ``reinforce_pp_baseline``)."""
+    dynamic_sampling_max_draws: int = Field(3, ge=1)
+    """Dynamic sampling draws at most this many times ``rollout.groups_per_step`` groups per
+    step (1: no extra draws, only the filter)."""
 
     @field_validator("importance_level", mode="before")
     @classmethod
@@ -272,6 +297,11 @@ class AlgorithmConfig(Config):
             raise ValueError(
                 "algorithm.rejection_low and algorithm.rejection_high are equal: the band must "
                 "have a width, or every sequence is rejected"
+            )
+        if self.overlong_max_tokens is not None and not self.overlong_buffer:
+            raise ValueError(
+                "algorithm.overlong_max_tokens is set but algorithm.overlong_buffer=0 turns the "
+                "overlong penalty off; set algorithm.overlong_buffer"
             )
         return self
 
@@ -348,6 +378,17 @@ class TrainConfig(Config):
                 "but algorithm.importance_correction=none corrects nothing (with "
                 "algorithm.old_logprobs=trainer); set algorithm.importance_correction=tis or mis, "
                 "or stream.staleness_mode=drop or mask"
+            )
+        budget = algorithm.overlong_max_tokens or self.rollout.max_new_tokens
+        if algorithm.overlong_buffer > budget:
+            where = (
+                "algorithm.overlong_max_tokens"
+                if algorithm.overlong_max_tokens
+                else "rollout.max_new_tokens"
+            )
+            raise ValueError(
+                f"algorithm.overlong_buffer ({algorithm.overlong_buffer}) is larger than the "
+                f"response budget it is a part of, {where} ({budget})"
             )
         return self
 

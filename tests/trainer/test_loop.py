@@ -132,6 +132,28 @@ async def test_resume_reproduces_the_next_batch(tiny_policy_dir, tmp_path):
     assert rows_b[-1]["train/loss"] == pytest.approx(rows_a[-1]["train/loss"], rel=1e-4, abs=1e-7)
 
 
+async def test_dapo_dynamic_sampling_and_overlong_penalty_in_a_run(tiny_policy_dir, tmp_path):
+    # 2 groups per step, at most 2 * 2 = 4 drawn; L_max = max_new_tokens = 8, L_cache = 4
+    config = tiny_config(
+        tiny_policy_dir,
+        tmp_path,
+        "algorithm.dynamic_sampling=true",
+        "algorithm.dynamic_sampling_max_draws=2",
+        "algorithm.overlong_buffer=4",
+        "trainer.export_hf=false",
+    )
+    _, summary = await train(config)
+    assert summary.final_step == 2
+    for row in read_metrics(tmp_path / "metrics.jsonl"):
+        drawn, filtered = row["dynamic_sampling/drawn"], row["dynamic_sampling/filtered"]
+        assert 2 <= drawn <= 4
+        assert drawn - filtered == row["episodes/groups"]  # the kept groups are the batch
+        assert row["dynamic_sampling/cap_hit"] == (row["episodes/groups"] < 2)
+        if row["batch/sequences"]:
+            assert -1 <= row["reward/overlong_penalty_mean"] <= 0
+            assert 0 <= row["reward/overlong_fraction"] <= 1
+
+
 @pytest.mark.parametrize("partial", ["pause", "abort"])
 async def test_streaming_with_a_staleness_bound_and_partial_rollouts(
     tiny_policy_dir, tmp_path, partial
