@@ -9,7 +9,9 @@ precision (``"bf16"``, the ``"auto"`` choice on GPUs) layers compute in bfloat16
 reduced in float32. Activation checkpointing recomputes each decoder layer in the backward pass.
 
 The step. ``train_step(micro_batches, loss_fn)`` accumulates gradients over this rank's
-micro-batches and takes one optimizer step. ``loss_fn(model, micro_batch)`` returns
+micro-batches and takes one optimizer step. A trainer step may take several (PPO mini-batches
+and epochs): all but its last pass ``end_step=False``, so :attr:`Actor.step` (the trainer step,
+the weight version) and the LR schedule advance once per trainer step. ``loss_fn(model, micro_batch)`` returns
 ``(loss_sum, denominator, metrics)``: a scalar that *sums* over the micro-batch's units (tokens,
 sequences), how many units it covers, and extra sums to report. The step minimises
 ``sum(loss_sum over all micro-batches of all ranks) / D`` with ``D`` the ``global_denominator``
@@ -64,7 +66,9 @@ class ActorConfig(Config):
     weight_decay: float = Field(0.0, ge=0)
     """Decoupled weight decay, applied to matrices only (not to norm scales or biases)."""
     warmup_steps: int = Field(0, ge=0)
-    """Optimizer steps of linear warmup: step ``s < warmup_steps`` uses ``lr * (s + 1) / warmup_steps``."""
+    """Trainer steps of linear warmup (the LR schedule counts trainer steps, not the optimizer
+    steps of ``algorithm.mini_batches`` and ``algorithm.epochs``): step ``s < warmup_steps`` uses
+    ``lr * (s + 1) / warmup_steps``."""
     lr_schedule: LRSchedule = "constant"
     """After warmup: ``"constant"``, or ``"cosine"`` / ``"linear"`` decay to ``min_lr_ratio * lr``."""
     total_steps: int | None = Field(None, gt=0)
@@ -170,7 +174,7 @@ class Actor:
             min_lr_ratio=cfg.min_lr_ratio,
         )
         self.step = 0
-        """Optimizer steps taken so far."""
+        """Trainer steps taken so far (each ends with a ``train_step(..., end_step=True)``)."""
 
     @property
     def device(self) -> torch.device:
@@ -187,8 +191,12 @@ class Actor:
         loss_fn: LossFn[B],
         *,
         global_denominator: float | None = None,
+        end_step: bool = True,
     ) -> dict[str, float]:
         """Accumulate gradients over ``micro_batches``, clip, and take one optimizer step.
+
+        ``end_step`` (the default) ends the trainer step: :attr:`step` and the LR schedule
+        advance. ``False`` takes an optimizer step within the trainer step at the same LR.
 
         Returns, identical on every rank: ``loss`` (global loss sum / D), ``grad_norm`` (before
         clipping), ``lr`` (used by this step), ``denominator`` (sum of the ``loss_fn``
@@ -229,8 +237,9 @@ class Actor:
             grad_norm = self._clip_grads()
             lr = self.lr
             self.optimizer.step()
-            self.scheduler.step()
-            self.step += 1
+            if end_step:
+                self.scheduler.step()
+                self.step += 1
         finally:
             self.optimizer.zero_grad(set_to_none=True)
         report = {n: float(v) / norm_by for n, v in totals.items() if n != "denominator"}

@@ -12,10 +12,11 @@ that runs episodes against them in the background. Each step:
    :meth:`~agentrl.trainer.rollout_stream.RolloutStream.next_groups_with_signal`) and builds the
    batch (:func:`~agentrl.trainer.rl_batch.build_batch`: overlong penalty, advantages, staleness
    bound, metrics); the batch is broadcast to the other ranks;
-2. every rank packs its share (:func:`~agentrl.trainer.packing.pack_for_rank`) and takes one
-   optimizer step (:meth:`~agentrl.trainer.actor.Actor.train_step` with
-   :class:`~agentrl.trainer.objective.Objective`) in a worker thread, so rollouts keep running
-   on the event loop meanwhile (up to the staleness bound);
+2. every rank packs its share (:func:`~agentrl.trainer.packing.pack_for_rank`) and updates
+   (:func:`train_on_batch`: :meth:`~agentrl.trainer.actor.Actor.train_step` with
+   :class:`~agentrl.trainer.objective.Objective`, once, or ``algorithm.mini_batches *
+   algorithm.epochs`` times against stored old log-probs) in a worker thread, so rollouts keep
+   running on the event loop meanwhile (up to the staleness bound);
 3. the new weights go to the engines as version ``step`` (:func:`sync_engines`: tensors, disk
    or broadcast, every engine's version checked; with
    ``stream.partial_rollouts="abort"`` in-flight generations are aborted first and continued
@@ -44,6 +45,7 @@ import copy
 import functools
 import random
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +67,7 @@ from agentrl.trainer.checkpoint import CheckpointManager, export_hf
 from agentrl.trainer.distributed import init_distributed
 from agentrl.trainer.engines import RolloutEngines, start_engines, sync_engines
 from agentrl.trainer.metrics import MetricsLogger
-from agentrl.trainer.objective import Objective
+from agentrl.trainer.objective import EXTREME_KEYS, Objective
 from agentrl.trainer.packing import pack_for_rank
 from agentrl.trainer.plots import plot_curves
 from agentrl.trainer.progress import DEFAULT_PROGRESS_KEYS, TrainProgress
@@ -81,7 +83,7 @@ class RunSummary:
     """What :meth:`Trainer.run` did."""
 
     steps: int
-    """Optimizer steps taken in this run."""
+    """Trainer steps taken in this run."""
     final_step: int
     """The actor's step count at the end (resumed steps included)."""
     interrupted: bool
@@ -405,18 +407,15 @@ class Trainer:
         return batch
 
     def _train(self, batch: TrainingBatch) -> dict[str, float]:
-        """Pack this rank's share and take one optimizer step (runs in a worker thread)."""
-        micro_batches = [
-            mb.to(self.actor.device)
-            for mb in pack_for_rank(
-                batch.sequences,
-                self.dist.rank,
-                self.dist.world_size,
-                self.config.trainer.micro_batch_tokens,
-            )
-        ]
-        reported = self.actor.train_step(micro_batches, self.objective)
-        return self.objective.finish(reported, self.actor.device)
+        """One trainer step on the batch (runs in a worker thread)."""
+        return train_on_batch(
+            self.actor,
+            self.objective,
+            batch.sequences,
+            micro_batch_tokens=self.config.trainer.micro_batch_tokens,
+            mini_batches=self.config.algorithm.mini_batches,
+            epochs=self.config.algorithm.epochs,
+        )
 
     async def _sync_weights(self) -> None:
         await sync_engines(
@@ -473,6 +472,60 @@ class Trainer:
             if stream is not None and text == "waiting for rollouts":
                 text = f"rollouts: {stream.ready} groups ready, {stream.in_flight} running"
             self.progress.status(text)
+
+
+def train_on_batch(
+    actor: Actor,
+    objective: Objective,
+    sequences: Sequence[Mapping[str, Any]],
+    *,
+    micro_batch_tokens: int,
+    mini_batches: int = 1,
+    epochs: int = 1,
+) -> dict[str, float]:
+    """One trainer step on ``sequences``, which every rank holds in full; a collective.
+
+    Sequence ``i`` goes to part ``i % mini_batches`` (whole sequences; a part without a loss
+    token is left out), and each rank packs its share of each part
+    (:func:`~agentrl.trainer.packing.pack_for_rank`), so every rank takes the same number of
+    optimizer steps with the same number of micro-batches each. ``epochs`` passes take one
+    optimizer step per part; only the last ends the trainer step (:attr:`Actor.step` and the LR
+    schedule advance once). With more than one update and ``old_logprobs="trainer"`` the old
+    log-probs are computed for every part before the first (:meth:`Objective.with_old_logprobs`).
+    Returns the mean of the updates' metrics (maxima and minima: over the updates) and
+    ``train/optimizer_steps``.
+    """
+    rank, world = actor.dist.rank, actor.dist.world_size
+    parts = [sequences[k::mini_batches] for k in range(mini_batches)]
+    parts = [part for part in parts if any(any(s["loss_mask"]) for s in part)] or [sequences]
+    packed = [
+        [mb.to(actor.device) for mb in pack_for_rank(part, rank, world, micro_batch_tokens)]
+        for part in parts
+    ]
+    updates = len(packed) * epochs
+    if updates > 1 and objective.config.old_logprobs == "trainer":
+        packed = [[objective.with_old_logprobs(actor.model, mb) for mb in mbs] for mbs in packed]
+    reports: list[dict[str, float]] = []
+    for _ in range(epochs):
+        for micro_batches in packed:
+            end_step = len(reports) == updates - 1
+            reported = actor.train_step(micro_batches, objective, end_step=end_step)
+            reports.append(objective.finish(reported, actor.device))
+    return {**_merge_reports(reports), "train/optimizer_steps": float(updates)}
+
+
+def _merge_reports(reports: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The mean of each metric over the updates; maxima and minima over them."""
+    merged = {}
+    for name in reports[0]:
+        values = [report[name] for report in reports]
+        if name == "policy/ratio_min":
+            merged[name] = min(values)
+        elif name in EXTREME_KEYS:
+            merged[name] = max(values)
+        else:
+            merged[name] = sum(values) / len(values)
+    return merged
 
 
 def _seed_everything(seed: int) -> None:

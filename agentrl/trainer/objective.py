@@ -6,11 +6,13 @@ per-sequence rows (:meth:`PackedMicroBatch.as_rows`) so that sequence-level aggr
 see one row per trajectory:
 
 * the policy loss (:func:`~agentrl.trainer.losses.policy_loss`: PPO-clip with dual-clip, GSPO or
-  CISPO) against ``old_logprobs``: the trainer's own log-probs before this update (detached: with
-  one optimizer step per batch they *are* the pre-update values, so no second forward is needed),
-  or the engine's;
+  CISPO) against ``old_logprobs``: the trainer's own log-probs before the step's first update, or
+  the engine's. With one optimizer step per batch the current log-probs, detached, *are* the
+  pre-update values, so no second forward is needed; with several (PPO mini-batches or epochs)
+  :meth:`Objective.with_old_logprobs` stores them in the micro-batch first (field
+  ``old_logprobs``), and the ratio to them moves, and is clipped, after the first update;
 * with trainer ``old_logprobs``, importance weights from the engine's distribution to the
-  trainer's (:func:`~agentrl.trainer.off_policy.importance_weights`, TIS or MIS): this corrects
+  trainer's old one (:func:`~agentrl.trainer.off_policy.importance_weights`, TIS or MIS): this corrects
   both numerical mismatch and staleness, because the engine's log-probs were computed by the
   weights that sampled each token;
 * optionally, rejection (:func:`~agentrl.trainer.off_policy.rejection_mask`): tokens or whole
@@ -30,6 +32,7 @@ token-mean of a metric over the whole batch (every rank) is ``reported[m] / repo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 
@@ -60,13 +63,15 @@ MEAN_METRICS = {
 EXTREME_METRICS = {"ratio_max": "policy/ratio_max", "ratio_min": "policy/ratio_min"}
 EXTREME_KEYS = ("mismatch/max_abs", "policy/ratio_max", "policy/ratio_min")
 IMPORTANCE_METRICS = ("ratio_mean", "truncated_fraction", "masked_fraction", "weight_mean")
+OLD_LOGPROBS = "old_logprobs"
+"""The micro-batch field of stored trainer old log-probs (:meth:`Objective.with_old_logprobs`)."""
 
 
 class Objective:
     """``loss_fn(model, micro_batch)`` for :meth:`Actor.train_step` (see the module docstring).
 
     Micro-batches are :class:`PackedMicroBatch` with fields ``logprobs`` (the engine's),
-    ``advantages`` and ``versions``. ``reference`` is the frozen model of the KL penalty, required
+    ``advantages`` and ``versions``, and optionally :data:`OLD_LOGPROBS`. ``reference`` is the frozen model of the KL penalty, required
     when ``config.kl_coef > 0``.
     """
 
@@ -100,11 +105,15 @@ class Objective:
         engine = rows(batch.fields["logprobs"].float())
         advantages = rows(batch.fields["advantages"].float())
         tokens = mask.sum()
+        if OLD_LOGPROBS in batch.fields:  # stored before the step's first update
+            trainer_old = rows(batch.fields[OLD_LOGPROBS].float())
+        else:  # the only update of the step: the current values are the pre-update ones
+            trainer_old = lp.detach()
         sums: dict[str, torch.Tensor] = {}
         weights = None
         if cfg.importance_correction != "none":  # the config allows it with trainer old only
             weights, is_metrics = importance_weights(
-                lp,
+                trainer_old,
                 engine,
                 mask,
                 mode=cfg.importance_correction,
@@ -116,7 +125,7 @@ class Objective:
                 sums[f"importance/{name}"] = is_metrics[name] * tokens
         if cfg.rejection != "none":
             accepted, rs_metrics = rejection_mask(
-                lp,
+                trainer_old,
                 engine,
                 mask,
                 level=cfg.rejection,
@@ -126,7 +135,7 @@ class Objective:
             weights = accepted.float() if weights is None else weights * accepted
             for name, fraction in rs_metrics.items():
                 sums[f"rejection/{name}"] = fraction * tokens
-        old = lp.detach() if cfg.old_logprobs == "trainer" else engine
+        old = trainer_old if cfg.old_logprobs == "trainer" else engine
         if cfg.loss == "cispo":
             clip_low, clip_high = cfg.cispo_clip_low, cfg.cispo_clip_high
         else:
@@ -157,7 +166,7 @@ class Objective:
             loss = loss + cfg.kl_coef * aggregate(kl, mask, agg, norm_length=norm, denominator=1)
             sums["policy/kl_ref"] = torch.where(mask != 0, kl.detach(), 0.0).sum()
         with torch.no_grad():
-            mismatch = mismatch_metrics(lp, engine, mask)
+            mismatch = mismatch_metrics(trainer_old, engine, mask)
             sums["mismatch/mean_abs"] = mismatch["mean_abs"] * tokens
             sums["mismatch/kl"] = mismatch["kl"] * tokens
             # the entropy of the distribution tokens were sampled from: softmax(logits / T)
@@ -174,6 +183,14 @@ class Objective:
                 value = float(metrics[name])
                 self._extreme(key, -value if name == "ratio_min" else value)
         return loss, loss_denominator(mask, agg, norm_length=norm), sums
+
+    def with_old_logprobs(self, model: nn.Module, batch: PackedMicroBatch) -> PackedMicroBatch:
+        """``batch`` with ``model``'s current log-probs of its loss tokens (no grad) as field
+        :data:`OLD_LOGPROBS`, the ratio reference of every later update on it. Runs the model
+        once, as :meth:`__call__` does (so every rank must call it as often)."""
+        with torch.no_grad():
+            logprobs = packed_forward(model, batch, self.temperature, loss_tokens_only=True)[0]
+        return dataclasses.replace(batch, fields={**batch.fields, OLD_LOGPROBS: logprobs})
 
     def _extreme(self, key: str, value: float) -> None:
         self.extremes[key] = max(self.extremes.get(key, -float("inf")), value)

@@ -191,8 +191,9 @@ class AlgorithmConfig(Config):
     loss: PolicyLossKind = "ppo"
     """``ppo``: token-level PPO-clip (with dual-clip); ``gspo``: GSPO's sequence-level ratio;
     ``cispo``: CISPO, ``-sg(clip(ratio)) * A * log-prob``, which keeps every token's gradient
-    (with ``old_logprobs=trainer`` its ratio is 1, so it is REINFORCE weighted by the importance
-    correction; with ``engine`` its weight is the clipped ratio to the engine)."""
+    (with ``old_logprobs=trainer`` and one update per step its ratio is 1, so it is REINFORCE
+    weighted by the importance correction; with ``engine`` its weight is the clipped ratio to the
+    engine)."""
     clip_low: float = Field(0.2, ge=0, lt=1)
     """Lower clip range (``ppo``, ``gspo``): ratios below ``1 - clip_low`` are clipped."""
     clip_high: float = Field(0.28, ge=0)
@@ -211,9 +212,18 @@ class AlgorithmConfig(Config):
     norm_length: int | None = Field(None, ge=1)
     """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO); defaults to max_new_tokens."""
     old_logprobs: Literal["trainer", "engine"] = "trainer"
-    """Ratio reference: ``trainer`` (the trainer's log-probs before this update; the engine gap is
-    corrected by importance weights) or ``engine`` (the ratio absorbs the gap and is clipped;
-    needs ``importance_correction=none``)."""
+    """Ratio reference: ``trainer`` (the trainer's log-probs before the step's first update; the
+    engine gap is corrected by importance weights) or ``engine`` (the ratio absorbs the gap and
+    is clipped; needs ``importance_correction=none``)."""
+    mini_batches: int = Field(1, ge=1)
+    """PPO mini-batches: each epoch splits the step's sequences (round-robin by batch index,
+    whole sequences, the same split on every rank) into this many parts and takes one optimizer
+    step per part. Above 1 (or with ``epochs`` above 1) the trainer's old log-probs are computed
+    once with a gradient-free forward before the first update, so the ratio moves and clipping
+    acts from the second update on; 1 with ``epochs=1`` is one update, old = current detached."""
+    epochs: int = Field(1, ge=1)
+    """Passes over the step's mini-batches: ``mini_batches * epochs`` optimizer steps per trainer
+    step (the LR schedule and the weight version still advance once per trainer step)."""
     importance_correction: Literal["tis", "mis", "none"] = "tis"
     """Engine-to-trainer importance weights (``old_logprobs=trainer`` only): ``tis`` truncates the
     ratio at ``importance_cap``; ``mis`` zeroes the weight of tokens (or sequences) whose ratio
