@@ -33,7 +33,7 @@ from pydantic import Field
 
 from agentrl.config import Config
 from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
-from agentrl.envs.swe.grading import grade
+from agentrl.envs.swe.grading import MAX_PATCH_BYTES, grade
 from agentrl.envs.swe.instances import SWEInstance, load_instances
 from agentrl.envs.swe.projects import SHIPPED_PROJECTS, Project, load_projects, project_of
 from agentrl.envs.swe.workspace import REPO_DIR, BaseTrees, WorkspaceError, checkout
@@ -170,17 +170,17 @@ class SWEEnv(AgentEnv):
             diff = await self.sandbox.exec(
                 ["sh", "-c", _DIFF_SH, "sh", instance.base_commit],
                 timeout=120,
-                max_output_bytes=(1 << 20) + 1,
+                max_output_bytes=MAX_PATCH_BYTES + 1,
             )
         except SandboxError as exc:
-            await self._end_episode()
             return 0.0, {INFRA_ERROR: f"taking the diff failed: {exc}", "resolved": False}
-        await self._end_episode()
+        finally:
+            await self._end_episode()
         info: dict[str, Any] = {"patch_bytes": len(diff.stdout.encode())}
         if diff.exit_code != 0 or diff.truncated:
             # The agent can break its own repository (delete .git, rewrite objects): its fault.
             why = (
-                "is larger than 1 MiB"
+                f"is larger than {MAX_PATCH_BYTES} bytes"
                 if diff.truncated
                 else f"failed: {diff.stderr.strip()[-500:]}"
             )

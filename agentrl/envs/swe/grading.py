@@ -46,7 +46,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from agentrl.envs.swe.instances import SWEInstance
-from agentrl.envs.swe.repo import files_added_by
 from agentrl.envs.swe.workspace import REPO_DIR, WorkspaceError, checkout
 from agentrl.tools.sandbox import Sandbox, SandboxCrashed, SandboxError
 from agentrl.tools.sandbox_pool import SandboxFactory
@@ -322,7 +321,7 @@ async def _read_report(sandbox: Sandbox, path: str) -> dict[str, str] | None:
 
 def _diff_paths(diff: str) -> list[str]:
     """Every path a git or unified diff names (old and new), without ``a/``/``b/``."""
-    paths = set(files_added_by(diff))
+    paths: set[str] = set()
     for old, new in _DIFF_PATHS.findall(diff):
         paths.update((old, new))
     for path in _OLD_NEW_PATHS.findall(diff):

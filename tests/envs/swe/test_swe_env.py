@@ -169,9 +169,7 @@ def test_bad_configuration_is_refused_clearly():
         gymnasium.make("agentrl/SWE-v0", tool_fromat="tags")
     row = INSTANCES[INFLECTION].to_row() | {"agentrl_taskgen": None, "instance_id": "x__y-1"}
     with pytest.raises(ValueError, match="not made by agentrl's task generator"):
-        from agentrl.envs.swe.projects import project_of as lookup
-
-        lookup(load_instances([row])[0], load_projects())
+        project_of(load_instances([row])[0], load_projects())
 
 
 async def test_a_missing_image_names_the_command_that_builds_it(tmp_path):
