@@ -6,6 +6,9 @@ A checkpoint is one directory per optimizer step, ``<directory>/step_00000040/``
     rng/rank_00000.json, rng/rank_00001.json ...  each rank's RNG states
     trainer_state.json                          format, step, world size, LR scheduler state, ``extra``
 
+With a critic (``algorithm.advantage=gae``) its model and optimizer state are in the same DCP files
+(``critic_model``, ``critic_optim``) and its scheduler in ``trainer_state.json``.
+
 Model and optimizer state (AdamW's ``step``, ``exp_avg``, ``exp_avg_sq`` and param groups) come
 from ``get_state_dict`` under the Hugging Face parameter names, and every rank writes its own
 shards with ``dcp.save``; ``dcp.load`` reads them back into any world size (resharding), after a
@@ -108,11 +111,13 @@ class CheckpointManager:
         complete = self.checkpoints()
         return complete[-1] if complete else None
 
-    def save(self, actor: Actor, extra: Mapping[str, Any]) -> Path:
+    def save(self, actor: Actor, extra: Mapping[str, Any], *, critic: Actor | None = None) -> Path:
         """Collective: every rank calls it. Saves to ``directory/step_{actor.step:08d}/``.
 
-        ``extra`` (JSON-able, rank 0's copy is kept) comes back from :meth:`load`. Returns the
-        checkpoint's path; older checkpoints beyond ``keep_last`` are gone when it returns.
+        ``extra`` (JSON-able, rank 0's copy is kept) comes back from :meth:`load`. A ``critic``
+        (the value model's actor) is saved beside the policy, in the same files, under
+        ``critic_model`` / ``critic_optim``, and its scheduler in ``trainer_state.json``. Returns
+        the checkpoint's path; older checkpoints beyond ``keep_last`` are gone when it returns.
         """
         use_device(actor.device)
         rng = rng_state(actor.device)  # first: nothing below may advance a generator unseen
@@ -123,13 +128,20 @@ class CheckpointManager:
             "scheduler": actor.scheduler.state_dict(),
             "extra": dict(extra),
         }
+        if critic is not None:
+            state["critic_scheduler"] = critic.scheduler.state_dict()
         text = json.dumps(state, indent=1)  # raises TypeError on every rank, before any writing
         final = self.directory / f"step_{actor.step:08d}"
         tmp = self.directory / f"{TMP_PREFIX}{final.name}"
         run_on_rank0(self._remove_leftovers)
         write_text(tmp / RNG_DIR / f"rank_{actor.dist.rank:05d}.json", json.dumps(rng))
         model_state, optim_state = get_state_dict(actor.model, actor.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
+        states = {"model": model_state, "optim": optim_state}
+        if critic is not None:
+            states["critic_model"], states["critic_optim"] = get_state_dict(
+                critic.model, critic.optimizer
+            )
+        dcp.save(states, checkpoint_id=tmp)
         dist.barrier()
 
         def publish() -> None:
@@ -150,12 +162,16 @@ class CheckpointManager:
         run_on_rank0(publish)
         return final
 
-    def load(self, path: str | Path, actor: Actor) -> dict[str, Any]:
-        """Collective. Restore model, optimizer, scheduler, ``actor.step`` and this rank's RNG.
+    def load(
+        self, path: str | Path, actor: Actor, *, critic: Actor | None = None
+    ) -> dict[str, Any]:
+        """Collective. Restore model, optimizer, scheduler, ``actor.step`` and this rank's RNG,
+        and those of ``critic`` (which the checkpoint must hold: saved with a critic).
 
         Returns the ``extra`` given to :meth:`save`. Raises ``FileNotFoundError`` if ``path`` is
-        not a directory, ``ValueError`` if it is not a complete checkpoint or does not fit the
-        actor's model (both before anything changes).
+        not a directory, ``ValueError`` if it is not a complete checkpoint, does not fit the
+        actor's model or the critic's, or has no critic for ``critic`` (all before anything
+        changes). A checkpoint with a critic loads into a run without one (the critic is left).
         """
         use_device(actor.device)
         path = Path(path)
@@ -170,19 +186,30 @@ class CheckpointManager:
         state = json.loads((path / STATE_FILE).read_text())
         if state.get("format") != FORMAT:
             raise ValueError(f"{path}: checkpoint format {state.get('format')}, expected {FORMAT}")
-        model_state = get_model_state_dict(actor.model)  # this rank's shards, not copies
-        check_fits(path, model_state)
-        # An optimizer that has not stepped gets zero moments first (a step at lr 0) to load into.
-        optim_state = get_optimizer_state_dict(actor.model, actor.optimizer)
-        dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=path)
-        set_state_dict(
-            actor.model,
-            actor.optimizer,
-            model_state_dict=model_state,
-            optim_state_dict=optim_state,
-        )
-        actor.scheduler.load_state_dict(state["scheduler"])
-        actor.step = state["step"]
+        models = {"": actor} if critic is None else {"": actor, "critic_": critic}
+        if critic is not None and "critic_scheduler" not in state:
+            raise ValueError(
+                f"{path} holds no critic (it was saved by a run without "
+                "algorithm.advantage=gae); start this run elsewhere or with trainer.resume=never"
+            )
+        states = {}
+        for prefix, owner in models.items():
+            model_state = get_model_state_dict(owner.model)  # this rank's shards, not copies
+            check_fits(path, model_state, prefix=f"{prefix}model")
+            # An optimizer that has not stepped gets zero moments first (a step at lr 0) to
+            # load into.
+            states[f"{prefix}model"] = model_state
+            states[f"{prefix}optim"] = get_optimizer_state_dict(owner.model, owner.optimizer)
+        dcp.load(states, checkpoint_id=path)
+        for prefix, owner in models.items():
+            set_state_dict(
+                owner.model,
+                owner.optimizer,
+                model_state_dict=states[f"{prefix}model"],
+                optim_state_dict=states[f"{prefix}optim"],
+            )
+            owner.scheduler.load_state_dict(state[f"{prefix}scheduler"])
+            owner.step = state["step"]
         rng_file = path / RNG_DIR / f"rank_{actor.dist.rank:05d}.json"
         if rng_file.is_file():
             set_rng_state(json.loads(rng_file.read_text()), actor.device)
@@ -202,10 +229,12 @@ class CheckpointManager:
                 shutil.rmtree(path)
 
 
-def check_fits(path: Path, model_state: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` unless the checkpoint has exactly the model's names and full shapes."""
+def check_fits(path: Path, model_state: Mapping[str, Any], *, prefix: str = "model") -> None:
+    """Raise ``ValueError`` unless the checkpoint has exactly the model's names and full shapes
+    (under ``prefix``: ``model``, or ``critic_model`` for a critic)."""
     stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    saved = {k.removeprefix("model."): v.size for k, v in stored.items() if k.startswith("model.")}
+    head = f"{prefix}."
+    saved = {k.removeprefix(head): v.size for k, v in stored.items() if k.startswith(head)}
     wanted = {name: tensor.shape for name, tensor in model_state.items()}  # DTensor: full shape
     missing = sorted(wanted.keys() - saved.keys())
     unexpected = sorted(saved.keys() - wanted.keys())
@@ -220,7 +249,8 @@ def check_fits(path: Path, model_state: Mapping[str, Any]) -> None:
             f"not in the model: {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}",
             f"shapes differ: {shapes[:5]}{' ...' if len(shapes) > 5 else ''}",
         ]
-        raise ValueError(f"checkpoint {path} does not fit this model; " + "; ".join(problems))
+        what = "the critic's model" if prefix != "model" else "this model"
+        raise ValueError(f"checkpoint {path} does not fit {what}; " + "; ".join(problems))
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

@@ -15,8 +15,10 @@ that runs episodes against them in the background. Each step:
 2. every rank packs its share (:func:`~agentrl.trainer.packing.pack_for_rank`) and updates
    (:func:`train_on_batch`: :meth:`~agentrl.trainer.actor.Actor.train_step` with
    :class:`~agentrl.trainer.objective.Objective`, once, or ``algorithm.mini_batches *
-   algorithm.epochs`` times against stored old log-probs) in a worker thread, so rollouts keep
-   running on the event loop meanwhile (up to the staleness bound);
+   algorithm.epochs`` times against stored old log-probs; with ``algorithm.advantage=gae`` the
+   critic's values give per-token GAE advantages first and the critic is updated after each
+   policy update: :mod:`agentrl.trainer.critic`) in a worker thread, so rollouts keep running
+   on the event loop meanwhile (up to the staleness bound);
 3. the new weights go to the engines as version ``step`` (:func:`sync_engines`: tensors, disk
    or broadcast, every engine's version checked; with
    ``stream.partial_rollouts="abort"`` in-flight generations are aborted first and continued
@@ -55,6 +57,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from rich.console import Console
+from transformers import PreTrainedModel
 
 from agentrl.config import ConfigError
 from agentrl.engine_pool import SamplingParams
@@ -64,6 +67,7 @@ from agentrl.rollout.mixture import EnvMixture
 from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.trainer.actor import Actor
 from agentrl.trainer.checkpoint import CheckpointManager, export_hf
+from agentrl.trainer.critic import Critic, load_value_model, value_model_from_policy
 from agentrl.trainer.distributed import init_distributed
 from agentrl.trainer.engines import RolloutEngines, start_engines, sync_engines
 from agentrl.trainer.metrics import MetricsLogger
@@ -113,6 +117,8 @@ class Trainer:
         self.metrics: MetricsLogger | None = None
         self.progress: TrainProgress | None = None
         self.last_checkpoint_step: int | None = None
+        self.critic: Critic | None = None
+        """The value model of ``algorithm.advantage=gae`` (every rank), else None."""
         self.last_batch: TrainingBatch | None = None
         """The batch of the latest step (rank 0: with its metrics; other ranks: sequences)."""
 
@@ -153,6 +159,7 @@ class Trainer:
         if self.is_main and cfg.engines.kind == "embedded":
             # the engine's own copy, in its own dtype; weight sync casts on load
             engine_model = copy.deepcopy(model).to(getattr(torch, self.engine_dtype))
+        self.critic = self._build_critic(model)
         self.actor = Actor(model, cfg.actor, dist_info=self.dist)
         self.objective = Objective(
             cfg.algorithm,
@@ -249,6 +256,24 @@ class Trainer:
                 )
             await env.aclose()
 
+    def _build_critic(self, policy: PreTrainedModel) -> Critic | None:
+        """The critic of ``algorithm.advantage=gae`` (from the unsharded policy), else None."""
+        cfg = self.config
+        if cfg.algorithm.advantage != "gae":
+            return None
+        attn = cfg.model.attn_implementation
+        with self._status("building the critic"):
+            if cfg.critic.path is None:
+                model = value_model_from_policy(policy, attn)
+            else:
+                model = load_value_model(cfg.critic.path, attn)
+        return Critic(
+            Actor(model, cfg.critic, dist_info=self.dist),
+            gamma=cfg.algorithm.gamma,
+            lam=cfg.algorithm.lam,
+            value_clip=cfg.critic.value_clip,
+        )
+
     def _check_output_dir(self) -> Path | None:
         """The checkpoint to resume from; refuse to start a new run over an old one's metrics."""
         resume = self.config.trainer.resume
@@ -273,7 +298,7 @@ class Trainer:
         """Load checkpoint ``path`` (if any); returns the stream's data position."""
         if path is None:
             return {}
-        extra = self.checkpoints.load(path, self.actor)
+        extra = self.checkpoints.load(path, self.actor, critic=self._critic_actor)
         self.last_checkpoint_step = self.actor.step
         if self.is_main:
             self.console.print(f"resumed from {path} at step {self.actor.step}")
@@ -317,6 +342,10 @@ class Trainer:
             exported = await asyncio.to_thread(
                 export_hf, self.actor, self.tokenizer, self.output_dir / "hf"
             )
+            if self.critic is not None:  # loadable as critic.path by a later run
+                await asyncio.to_thread(
+                    export_hf, self.critic.actor, None, self.output_dir / "hf_critic"
+                )
         return RunSummary(
             self.actor.step - first,
             self.actor.step,
@@ -341,8 +370,10 @@ class Trainer:
             report = await asyncio.to_thread(self._train, batch)
         else:  # every group dropped or failed: nothing to learn from, keep the weights
             report = {"train/skipped": 1.0}
-            self.actor.step += 1
-            self.actor.scheduler.step()
+            for actor in (self.actor, self._critic_actor):
+                if actor is not None:
+                    actor.step += 1
+                    actor.scheduler.step()
         train_s = time.perf_counter() - train_start
         self._set_status("syncing weights")
         sync_start = time.perf_counter()
@@ -415,6 +446,7 @@ class Trainer:
             micro_batch_tokens=self.config.trainer.micro_batch_tokens,
             mini_batches=self.config.algorithm.mini_batches,
             epochs=self.config.algorithm.epochs,
+            critic=self.critic,
         )
 
     async def _sync_weights(self) -> None:
@@ -438,9 +470,15 @@ class Trainer:
             await asyncio.to_thread(dist.broadcast_object_list, payload, 0)
             stream_state = payload[0]
         extra = {"stream": stream_state, "version": self.actor.step}
-        path = await asyncio.to_thread(self.checkpoints.save, self.actor, extra)
+        path = await asyncio.to_thread(
+            self.checkpoints.save, self.actor, extra, critic=self._critic_actor
+        )
         self.last_checkpoint_step = self.actor.step
         return path
+
+    @property
+    def _critic_actor(self) -> Actor | None:
+        return self.critic.actor if self.critic is not None else None
 
     def write_curves(self) -> Path:
         return plot_curves(
@@ -482,6 +520,7 @@ def train_on_batch(
     micro_batch_tokens: int,
     mini_batches: int = 1,
     epochs: int = 1,
+    critic: Critic | None = None,
 ) -> dict[str, float]:
     """One trainer step on ``sequences``, which every rank holds in full; a collective.
 
@@ -492,6 +531,9 @@ def train_on_batch(
     optimizer step per part; only the last ends the trainer step (:attr:`Actor.step` and the LR
     schedule advance once). With more than one update and ``old_logprobs="trainer"`` the old
     log-probs are computed for every part before the first (:meth:`Objective.with_old_logprobs`).
+    With a ``critic`` (``algorithm.advantage=gae``) the advantages are first computed from its
+    values (:meth:`Critic.prepare`), and every policy update is followed by a critic update on
+    the same micro-batches (:meth:`Critic.update`).
     Returns the mean of the updates' metrics (maxima and minima: over the updates) and
     ``train/optimizer_steps``.
     """
@@ -503,6 +545,9 @@ def train_on_batch(
         for part in parts
     ]
     updates = len(packed) * epochs
+    critic_metrics: dict[str, float] = {}
+    if critic is not None:
+        packed, critic_metrics = critic.prepare(packed)
     if updates > 1 and objective.config.old_logprobs == "trainer":
         packed = [[objective.with_old_logprobs(actor.model, mb) for mb in mbs] for mbs in packed]
     reports: list[dict[str, float]] = []
@@ -510,8 +555,15 @@ def train_on_batch(
         for micro_batches in packed:
             end_step = len(reports) == updates - 1
             reported = actor.train_step(micro_batches, objective, end_step=end_step)
-            reports.append(objective.finish(reported, actor.device))
-    return {**_merge_reports(reports), "train/optimizer_steps": float(updates)}
+            report = objective.finish(reported, actor.device)
+            if critic is not None:
+                report.update(critic.update(micro_batches, end_step=end_step))
+            reports.append(report)
+    return {
+        **_merge_reports(reports),
+        **critic_metrics,
+        "train/optimizer_steps": float(updates),
+    }
 
 
 def _merge_reports(reports: Sequence[Mapping[str, float]]) -> dict[str, float]:

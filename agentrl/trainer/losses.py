@@ -1,5 +1,5 @@
-"""Policy-gradient losses (PPO-clip with dual-clip, DAPO clip-higher, GSPO, CISPO), their
-aggregation, KL and entropy.
+"""Policy-gradient losses (PPO-clip with dual-clip, DAPO clip-higher, GSPO, CISPO), the critic's
+clipped value loss, their aggregation, KL and entropy.
 
 All tensors are token-aligned ``(N, T)``: entry ``[i, t]`` of ``logprobs``, ``old_logprobs``,
 ``advantages`` and ``loss_mask`` refers to the same token of trajectory ``i``. The caller aligns
@@ -240,6 +240,55 @@ def policy_loss(
             "ratio_max": _masked_extreme(ratio, on, largest=True),
             "ratio_min": _masked_extreme(ratio, on, largest=False),
             "approx_kl": _masked_mean(k3, on),
+        }
+    return loss, metrics
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    clip: float | None = 0.5,
+    agg: Aggregation = "token-mean",
+    norm_length: int | None = None,
+    denominator: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped value loss (to minimise) and its metrics. All inputs ``(N, T)``.
+
+    ``values`` are the critic's current predictions at each loss token (with gradient),
+    ``old_values`` its predictions when the batch's advantages were computed, ``returns`` the
+    GAE targets. Per token, ``0.5 * max((V - R)^2, (clip(V, V_old - clip, V_old + clip) - R)^2)``
+    (PPO2's value clipping, as verl's ``compute_value_loss`` and TRL's): a prediction may not
+    move more than ``clip`` away from the old one to lower its loss. ``clip=None`` gives the
+    plain ``0.5 * (V - R)^2``. Reduced by ``agg`` as the policy loss is (see the module doc).
+
+    Metrics: ``clip_fraction`` (loss tokens where the clipped term is the larger),
+    ``values_mean`` and ``error_mean`` (``V - R``), masked means over this call's tokens.
+    """
+    check_aligned(values, old_values, returns, loss_mask)
+    if clip is not None and not clip > 0:
+        raise ValueError(f"the value clip must be > 0 (or None), got {clip}")
+    on = loss_mask != 0  # (N, T)
+    returns, old_values = returns.detach(), old_values.detach()
+    unclipped = (values - returns).square()  # (N, T)
+    if clip is None:
+        per_token = unclipped
+        clipped = torch.zeros_like(on)
+    else:
+        moved = torch.maximum(torch.minimum(values, old_values + clip), old_values - clip)
+        clipped_loss = (moved - returns).square()
+        per_token = torch.maximum(unclipped, clipped_loss)
+        clipped = clipped_loss > unclipped
+    loss = 0.5 * aggregate(
+        per_token, loss_mask, agg, norm_length=norm_length, denominator=denominator
+    )
+    with torch.no_grad():
+        metrics = {
+            "clip_fraction": _masked_mean(clipped.float(), on),
+            "values_mean": _masked_mean(values.detach(), on),
+            "error_mean": _masked_mean(values.detach() - returns, on),
         }
     return loss, metrics
 

@@ -19,6 +19,9 @@ per-token weight ``versions`` and the trajectory's ``advantages``), ready for
   added to each reward before the advantages, by the episode's completion tokens (the engine's,
   summed over turns). :func:`group_has_signal` is the dynamic-sampling filter on those rewards
   (the loop draws the groups: :meth:`RolloutStream.next_groups_with_signal`).
+* With ``algorithm.advantage=gae`` the advantages are per token and come from the critic in the
+  training step (:mod:`agentrl.trainer.critic`): each sequence carries its shaped reward on its
+  last loss token (``token_rewards``) and a placeholder advantage of 0.
 * Trailing tokens off the loss mask (the chat-template delta of a last environment message that
   no generation followed) are trimmed: nothing is scored after them.
 """
@@ -34,6 +37,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.trainer.advantages import grpo_advantages, reinforce_pp_advantages
+from agentrl.trainer.critic import TOKEN_REWARDS
 from agentrl.trainer.off_policy import staleness_policy
 from agentrl.trainer.train_config import AlgorithmConfig, StreamConfig
 
@@ -167,7 +171,11 @@ def build_batch(
         metrics["reward/overlong_fraction"] = float((penalties < 0).to(torch.float64).mean())
     group_ids = torch.tensor([t.group for t in ok], dtype=torch.int64)
     token_counts = loss_masks.sum(-1)  # (N,) what each trajectory trains on after staleness
-    advantages = advantages_for(rewards, group_ids, algorithm.advantage, token_counts)
+    critic = algorithm.advantage == "gae"  # per-token advantages come later, from the critic
+    if critic:
+        advantages = torch.zeros_like(rewards)
+    else:
+        advantages = advantages_for(rewards, group_ids, algorithm.advantage, token_counts)
 
     sequences: list[dict[str, Any]] = []
     for i, trajectory in enumerate(ok):
@@ -176,22 +184,27 @@ def build_batch(
             continue
         end = max(j for j, m in enumerate(mask) if m) + 1  # trim trailing tokens off the mask
         tokens = trajectory.tokens
-        sequences.append(
+        sequence = {
+            "input_ids": tokens.input_ids[:end],
+            "loss_mask": mask[:end],
+            "logprobs": tokens.logprobs[:end],
+            "versions": tokens.versions[:end],
+            "advantages": float(advantages[i]),
+        }
+        if critic:  # the (shaped) reward on the last loss token, for the GAE
+            sequence[TOKEN_REWARDS] = [0.0] * (end - 1) + [float(rewards[i])]
+        sequences.append(sequence)
+    if not critic:
+        trained = advantages[token_counts > 0]  # (n,) the trajectories trained on
+        metrics.update(
             {
-                "input_ids": tokens.input_ids[:end],
-                "loss_mask": mask[:end],
-                "logprobs": tokens.logprobs[:end],
-                "versions": tokens.versions[:end],
-                "advantages": float(advantages[i]),
+                "advantage/mean": float(trained.mean()) if trained.numel() else 0.0,
+                "advantage/abs_mean": float(trained.abs().mean()) if trained.numel() else 0.0,
+                "batch/zero_advantage_groups": float(_zero_advantage_groups(ok, advantages)),
             }
         )
-    zero = _zero_advantage_groups(ok, advantages)
-    trained = advantages[token_counts > 0]  # (n,) the trajectories trained on
     metrics.update(
         {
-            "advantage/mean": float(trained.mean()) if trained.numel() else 0.0,
-            "advantage/abs_mean": float(trained.abs().mean()) if trained.numel() else 0.0,
-            "batch/zero_advantage_groups": float(zero),
             "batch/sequences": float(len(sequences)),
             "batch/loss_tokens": float(sum(sum(s["loss_mask"]) for s in sequences)),
             "batch/tokens": float(sum(len(s["input_ids"]) for s in sequences)),

@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from agentrl.config import Config, ConfigError
 from agentrl.trainer.actor import ActorConfig
+from agentrl.trainer.critic import CriticConfig
 from agentrl.trainer.losses import Aggregation, KLEstimator, PolicyLossKind
 from agentrl.trainer.off_policy import ImportanceLevel, StalenessMode
 
@@ -181,9 +182,16 @@ class EnginesConfig(Config):
 class AlgorithmConfig(Config):
     """Advantages, the policy loss and off-policy correction."""
 
-    advantage: Literal["grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
+    advantage: Literal["grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "gae"] = "grpo"
     """``grpo``: group-normalised; ``dr_grpo``: group-centred, not scaled; ``reinforce_pp``:
-    batch-whitened rewards; ``reinforce_pp_baseline``: group-centred, then batch-whitened."""
+    batch-whitened rewards; ``reinforce_pp_baseline``: group-centred, then batch-whitened;
+    ``gae``: PPO with a critic (the ``critic`` section): per-token GAE advantages from the
+    critic's values over each trajectory's loss tokens (environment tokens skipped), whitened over
+    the batch's loss tokens; groups need not have more than one sample."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """``gae``: the discount per loss token (verl's default 1: no discount within an episode)."""
+    lam: float = Field(1.0, ge=0, le=1)
+    """``gae``: GAE's lambda (1: Monte-Carlo returns minus the value; 0: one-step TD errors)."""
     small_groups: Literal["drop", "keep"] = "drop"
     """A group that failures (errors, infrastructure failures) left with fewer than two valid
     samples, out of two or more: ``drop`` it from the loss, or ``keep`` it (a lone sample's
@@ -308,6 +316,18 @@ class AlgorithmConfig(Config):
                 "algorithm.rejection_low and algorithm.rejection_high are equal: the band must "
                 "have a width, or every sequence is rejected"
             )
+        if self.advantage != "gae":
+            # a key away from its default (a dumped config.yaml sets every key to its value)
+            stray = [
+                f"algorithm.{k}"
+                for k in ("gamma", "lam")
+                if getattr(self, k) != type(self).model_fields[k].default
+            ]
+            if stray:
+                raise ValueError(
+                    f"{' and '.join(stray)} set with algorithm.advantage={self.advantage}: "
+                    "gamma and lam belong to algorithm.advantage=gae (the critic)"
+                )
         if self.overlong_max_tokens is not None and not self.overlong_buffer:
             raise ValueError(
                 "algorithm.overlong_max_tokens is set but algorithm.overlong_buffer=0 turns the "
@@ -367,10 +387,24 @@ class TrainConfig(Config):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     stream: StreamConfig = StreamConfig()
     actor: ActorConfig = ActorConfig()
+    critic: CriticConfig = CriticConfig()
+    """The value model of ``algorithm.advantage=gae`` (refused away from its defaults otherwise)."""
     trainer: TrainerConfig = TrainerConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        default_critic = CriticConfig()
+        changed = [
+            k
+            for k in CriticConfig.model_fields
+            if getattr(self.critic, k) != getattr(default_critic, k)
+        ]
+        if self.algorithm.advantage != "gae" and changed:
+            keys = ", ".join(f"critic.{k}" for k in changed)
+            raise ValueError(
+                f"{keys} set with algorithm.advantage={self.algorithm.advantage}, which trains "
+                "no critic; set algorithm.advantage=gae or remove the critic section"
+            )
         if self.trainer.micro_batch_tokens < self.rollout.max_total_tokens:
             raise ValueError(
                 f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}) must be at least "

@@ -13,7 +13,10 @@ script, which returns at once when the venv is up to date) through the harness
   ``compute_rollout_correction_weights``; token and geometric rejection: against
   ``compute_rollout_rejection_mask`` (``token_k1`` / ``seq_mean_k1``);
 * GRPO, Dr.GRPO and REINFORCE++-baseline advantages: against ``compute_grpo_outcome_advantage`` and
-  ``compute_reinforce_plus_plus_baseline_outcome_advantage``.
+  ``compute_reinforce_plus_plus_baseline_outcome_advantage``;
+* the critic's clipped value loss and its gradient: against ``compute_value_loss``; GAE advantages
+  (whitened over the loss tokens) and returns over masks with holes (multi-turn): against
+  ``compute_gae_advantage_return``.
 
 Conventions that differ, and how the comparison bridges them (nothing else is adjusted):
 
@@ -42,7 +45,9 @@ from agentrl.trainer.advantages import (
     grpo_advantages,
     reinforce_pp_advantages,
 )
-from agentrl.trainer.losses import kl_penalty, policy_loss
+from agentrl.trainer.critic import whitening
+from agentrl.trainer.gae import gae
+from agentrl.trainer.losses import kl_penalty, policy_loss, value_loss
 from agentrl.trainer.off_policy import importance_weights, rejection_mask
 
 pytestmark = pytest.mark.slow
@@ -64,6 +69,9 @@ PARAMS = {
     "lower": 0.5,
     "token_band": (0.5, 5.0),
     "geometric_band": (0.999, 1.001),
+    "value_clip": 0.5,
+    "gamma": 0.9,
+    "lam": 0.8,
 }
 
 
@@ -241,3 +249,33 @@ def test_reinforce_pp_baseline_advantages(results) -> None:
             verl["reinforce_pp_baseline"],
             f"case {seed} reinforce_pp_baseline",
         )
+
+
+def test_value_loss_and_gradient(results) -> None:
+    clipped = 0.0
+    for seed, (case, verl) in enumerate(results):
+        values = case["logprobs"].clone().requires_grad_()
+        loss, metrics = value_loss(
+            values, case["old"], case["advantages"], case["mask"], clip=PARAMS["value_clip"]
+        )
+        loss.backward()
+        their_loss, their_grad = verl["value_loss"]
+        close(loss.detach(), their_loss, f"case {seed} value loss")
+        close(values.grad, their_grad, f"case {seed} value loss gradient")
+        clipped += float(metrics["clip_fraction"])
+    assert clipped > 0  # the clip acted somewhere
+
+
+def test_gae_advantages_and_returns(results) -> None:
+    for seed, (case, verl) in enumerate(results):
+        mask = case["mask"]
+        rewards = torch.zeros_like(mask)
+        last = (mask * torch.arange(mask.shape[1], dtype=mask.dtype)).argmax(-1)
+        rewards[torch.arange(mask.shape[0]), last] = case["rewards"]
+        advantages, returns = gae(
+            rewards, case["old"], mask, gamma=PARAMS["gamma"], lam=PARAMS["lam"]
+        )
+        mean, scale = whitening([advantages], [mask])
+        their_advantages, their_returns = verl["gae"]
+        close((advantages - mean) * scale * mask, their_advantages * mask, f"case {seed} A")
+        close(returns, their_returns * mask, f"case {seed} returns")

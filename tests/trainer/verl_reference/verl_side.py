@@ -10,7 +10,9 @@ here, next to the call:
   mean over the sequence), kept inside ``[log lower, log upper]``; a ratio band ``[low, high]`` is
   therefore verl's ``"{1/high}_{1/low}"``;
 * MIS with bounds ``[lower, cap]`` is verl's IcePop spec ``"{lower}_{cap}"``; TIS is ``cap``;
-* dual-clip is ``clip_ratio_c``; Dr.GRPO's constant length is ``loss_scale_factor``.
+* dual-clip is ``clip_ratio_c``; Dr.GRPO's constant length is ``loss_scale_factor``;
+* the value loss and GAE take the case's numbers as values: ``logprobs`` as predictions, ``old`` as
+  old values, ``advantages`` as returns; the GAE's rewards sit on each row's last loss token.
 """
 
 from __future__ import annotations
@@ -96,6 +98,15 @@ def run(case):
     )[0]
     out["reinforce_pp_baseline"] = (
         core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, mask, index)[0]
+    )
+    vpreds = case["logprobs"].clone().requires_grad_()  # values: the tensors are only numbers
+    value_loss, _ = core_algos.compute_value_loss(
+        vpreds, case["advantages"], case["old"], mask, p["value_clip"], "token-mean"
+    )
+    value_loss.backward()
+    out["value_loss"] = (value_loss.detach(), vpreds.grad)
+    out["gae"] = core_algos.compute_gae_advantage_return(
+        rewards, case["old"], mask, p["gamma"], p["lam"]
     )
     return out
 
