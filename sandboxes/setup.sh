@@ -8,7 +8,8 @@
 # 1. Installs the Debian packages that are missing: podman runc bubblewrap debootstrap uidmap
 #    slirp4netns fuse-overlayfs curl, wordnet-base (the source the Search-v0 corpus is built
 #    from, for the test that rebuilds it), and git and python3-pytest (what SWE-v0 needs under the
-#    host's /usr to run on bubblewrap) (bubblewrap alone with --bwrap-only).
+#    host's /usr to run on bubblewrap); libseccomp2, which compiles the sandboxes' system-call filter,
+#    with both (bubblewrap and libseccomp2 alone with --bwrap-only).
 # 2. Writes /etc/containers/containers.conf and storage.conf (runc, cgroupfs, rlimits that fit the
 #    host; see sandboxes/README.md for why) and restarts the API service it started when they change.
 # 3. Starts `podman system service --time=0 unix:///run/podman/podman.sock` when it does not answer.
@@ -59,7 +60,7 @@ if [ "$root" = 1 ]; then
 fi
 
 # ---------------------------------------------------------------- 1. packages
-packages=(bubblewrap)
+packages=(bubblewrap libseccomp2)
 [ "$mode" = podman ] && packages+=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs curl wordnet-base git python3-pytest)
 command -v dpkg-query >/dev/null || die "no dpkg: install ${packages[*]} by hand"
 mapfile -t absent < <(comm -23 <(printf '%s\n' "${packages[@]}" | sort) \

@@ -17,11 +17,15 @@ What a :class:`BubblewrapSandbox` covers (each point has an adversarial test):
   ``RLIMIT_AS`` for memory (address space, not resident memory: coarser) and ``RLIMIT_NPROC`` for
   processes (counted per uid across the host, so sandboxes sharing a uid share the budget).
   ``RLIMIT_FSIZE`` (set by the agent) caps each written file in both cases.
+* **System calls**: bubblewrap loads the seccomp filter of :mod:`agentrl.tools.seccomp` (the same
+  policy as the container backend's) before the agent starts: no new user namespaces (``unshare
+  -U`` fails), no io_uring, bpf, keyrings, userfaultfd, perf events, mounts, ptrace, kernel
+  modules... (``EPERM``). An unsupported architecture refuses to start.
 
 What it does NOT cover:
 
-* No seccomp filter: every system call the kernel allows an unprivileged user is available,
-  so a kernel bug reachable from a user namespace is an escape.
+* The system-call filter narrows the kernel surface, it does not remove it: a bug in an allowed
+  call is still an escape (see :mod:`agentrl.tools.seccomp` for what it leaves out).
 * The host's ``/usr`` is readable: installed programs and their versions are visible.
 * cgroup v2 hierarchies are not used yet (the limits then come from rlimits, as above), and without
   cgroups the work directory's tmpfs is bounded only by ``RLIMIT_FSIZE`` per file.
@@ -39,6 +43,7 @@ import shutil
 import signal
 from pathlib import Path
 
+from agentrl.tools import seccomp
 from agentrl.tools.sandbox import Sandbox, SandboxError, SandboxLimits, agent_command
 
 SANDBOX_UID = 65534
@@ -94,16 +99,21 @@ class BubblewrapSandbox(Sandbox):
             )
         if not python.startswith("/usr/") or not os.access(python, os.X_OK):
             raise SandboxError(f"no Python interpreter at {python!r} (it must live under /usr)")
-        cgroups = _make_cgroups(limits)
-        argv = _command(bwrap, python, limits, cgroups)
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            limit=_READ_LIMIT,
-            start_new_session=True,
-        )
+        program = seccomp.filter_fd()  # the system-call filter, read by bubblewrap
+        try:
+            cgroups = _make_cgroups(limits)
+            argv = _command(bwrap, python, limits, cgroups, program)
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                limit=_READ_LIMIT,
+                start_new_session=True,
+                pass_fds=(program,),
+            )
+        finally:
+            os.close(program)
         tail = bytearray()
         sandbox = cls(process, cgroups, tail, asyncio.create_task(_keep_tail(process, tail)))
         return await sandbox._until_ready("bubblewrap")
@@ -138,7 +148,9 @@ async def _keep_tail(process: asyncio.subprocess.Process, tail: bytearray) -> No
         del tail[:-_STDERR_TAIL]
 
 
-def _command(bwrap: str, python: str, limits: SandboxLimits, cgroups: list[Path]) -> list[str]:
+def _command(
+    bwrap: str, python: str, limits: SandboxLimits, cgroups: list[Path], seccomp_fd: int
+) -> list[str]:
     rlimits = ["--nofile=1024", "--core=0"]
     if not cgroups:
         rlimits += [f"--as={limits.memory_mb << 20}", f"--nproc={limits.pids}"]
@@ -156,6 +168,7 @@ def _command(bwrap: str, python: str, limits: SandboxLimits, cgroups: list[Path]
         box += ["--ro-bind-try", extra, extra]
     box += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", Sandbox.workdir]
     box += ["--remount-ro", "/", "--chdir", Sandbox.workdir, "--clearenv"]
+    box += ["--seccomp", str(seccomp_fd)]
     environment = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": Sandbox.workdir,

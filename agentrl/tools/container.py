@@ -18,9 +18,13 @@ What a :class:`ContainerSandbox` covers (each point has an adversarial test):
   from ``nano_cpus``, ``RLIMIT_FSIZE`` on each file. Over the memory limit the kernel's OOM killer
   acts inside the container (the caller sees exit 137 for the killed command).
 
-What it does NOT cover: the kernel is shared with the host (as with every container); the seccomp
-profile and the rest of the hardening are the engine's defaults; the sandboxed code runs as the same
-uid as the agent that reports its results.
+* **System calls**: the policy of :mod:`agentrl.tools.seccomp` (the same as bubblewrap's), given
+  as the container's seccomp profile in place of the engine's default: no new namespaces, no
+  io_uring, bpf, keyrings, userfaultfd, perf events, mounts, ptrace, kernel modules... (``EPERM``).
+
+What it does NOT cover: the kernel is shared with the host (as with every container); the rest of
+the hardening (AppArmor or SELinux, masked paths) is the engine's default; the sandboxed code runs
+as the same uid as the agent that reports its results.
 
 Containers carry the label ``agentrl.sandbox`` with the owning process, so :func:`remove_orphans`
 can clear what a crashed run left behind.
@@ -30,11 +34,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import socket
+import stat
 import struct
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from agentrl.tools import seccomp
 from agentrl.tools.sandbox import Sandbox, SandboxError, SandboxLimits, agent_command
 
 DEFAULT_IMAGE = "localhost/agentrl-python:latest"
@@ -177,7 +186,7 @@ def _create(client: Any, image: str, limits: SandboxLimits) -> Any:
             read_only=True,
             tmpfs={Sandbox.workdir: tmpfs_options, "/tmp": tmpfs_options},
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+            security_opt=["no-new-privileges", _seccomp_option(client)],
             environment={"HOME": Sandbox.workdir, "LANG": "C.UTF-8", "TMPDIR": "/tmp"},
             labels={LABEL: f"{socket.gethostname()}:{os.getpid()}"},
         )
@@ -187,6 +196,36 @@ def _create(client: Any, image: str, limits: SandboxLimits) -> Any:
         ) from exc
     except docker.errors.DockerException as exc:
         raise SandboxError(f"cannot create a sandbox container from {image!r}: {exc}") from exc
+
+
+def _seccomp_option(client: Any) -> str:
+    """``seccomp=...`` with :mod:`agentrl.tools.seccomp`'s profile, in the form the engine reads.
+
+    A Docker Engine takes the profile's JSON text (the docker CLI reads the file and sends that).
+    Podman's compatible API (4.x) takes only a path on its own host, and answers "file name too
+    long" to JSON text; its socket is local, so the profile is written to a file here.
+    """
+    profile = seccomp.oci_profile_json()
+    components = client.version().get("Components") or []
+    if not any(str(part.get("Name", "")).startswith("Podman") for part in components):
+        return f"seccomp={profile}"
+    return f"seccomp={_profile_file(profile)}"
+
+
+def _profile_file(profile: str) -> Path:
+    """``profile`` in a file named by its hash, in a directory only this user can write."""
+    directory = Path(tempfile.gettempdir()) / f"agentrl-seccomp-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise SandboxError(f"{directory} is not a private directory of uid {os.getuid()}")
+    path = directory / f"profile-{hashlib.sha256(profile.encode()).hexdigest()[:16]}.json"
+    if not path.exists():  # a temporary name per writer: sandboxes start from several threads
+        fd, partial = tempfile.mkstemp(dir=directory, prefix=f"{path.name}.")
+        with os.fdopen(fd, "w") as file:
+            file.write(profile)
+        os.replace(partial, path)  # concurrent writers write the same bytes
+    return path
 
 
 class _AttachedStreams:
