@@ -153,11 +153,14 @@ def summary_table(trajectories: list[Trajectory], seconds: float, out: Path) -> 
     n = len(trajectories)
     tokens = sum(t.completion_tokens for t in trajectories)
     errors = [t for t in trajectories if t.error]
+    calling = sum(t.tool_calls > 0 for t in trajectories)
     table = Table(title="rollout summary", show_header=False)
     rows = [
         ("trajectories", str(n)),
         ("mean reward", f"{sum(t.reward for t in trajectories) / max(n, 1):.3f}"),
         ("mean turns", f"{sum(len(t.turns) for t in trajectories) / max(n, 1):.2f}"),
+        ("mean tool calls", f"{sum(t.tool_calls for t in trajectories) / max(n, 1):.2f}"),
+        ("episodes calling a tool", f"{calling} ({calling / max(n, 1):.0%})"),
         ("generated tokens", str(tokens)),
         ("tokens/s", f"{tokens / max(seconds, 1e-9):.1f}"),
         ("wall time", f"{seconds:.1f} s"),

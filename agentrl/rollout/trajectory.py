@@ -57,6 +57,11 @@ class Trajectory:
     def completion_tokens(self) -> int:
         return sum(turn.completion_tokens for turn in self.turns)
 
+    @property
+    def tool_calls(self) -> int:
+        """Tool calls the environment answered: its ``tool`` messages (one per call)."""
+        return sum(message.get("role") == "tool" for message in self.messages)
+
     def to_record(self) -> dict[str, Any]:
         record = {k: v for k, v in asdict(self).items() if k not in ("tokens", "messages", "turns")}
         record.update(self.tokens.to_dict())

@@ -118,6 +118,12 @@ def summary_table(summary, config, engine_dtype: str = "float32") -> Table:
         ("steps", f"{summary.steps} this run, {summary.final_step} in all"),
         ("stopped early", "yes (Ctrl-C)" if summary.interrupted else "no"),
         ("last mean reward", f"{metrics.get('reward/mean', float('nan')):.3f}"),
+        ("last mean turns", f"{metrics.get('episodes/turns_mean', float('nan')):.2f}"),
+        (
+            "last tool calls",
+            f"{metrics.get('episodes/tool_calls_mean', float('nan')):.2f} per episode, "
+            f"{metrics.get('episodes/tool_use_fraction', float('nan')):.0%} of episodes call one",
+        ),
         ("last mismatch (mean |Δ log p|)", f"{metrics.get('mismatch/mean_abs', float('nan')):.2e}"),
         ("engine weights", f"{engine_dtype} (rollout.engine_dtype={config.rollout.engine_dtype})"),
         ("metrics", str(Path(config.trainer.output_dir) / "metrics.jsonl")),

@@ -251,6 +251,8 @@ def _episode_metrics(episodes: Sequence[Trajectory], groups: int) -> dict[str, f
         ),
         "episodes/truncated": float(sum(t.truncated for t in episodes)) / n,
         "episodes/turns_mean": sum(len(t.turns) for t in episodes) / n,
+        "episodes/tool_calls_mean": sum(t.tool_calls for t in episodes) / n,
+        "episodes/tool_use_fraction": sum(t.tool_calls > 0 for t in episodes) / n,
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         # token seams re-encoded by TrajectoryBuilder(seams="reencode"): ids that differ from what

@@ -228,7 +228,13 @@ def test_gae_configuration_is_checked() -> None:
 
 @pytest.mark.slow
 async def test_a_gae_run_checkpoints_and_resumes_its_critic(tiny_policy_dir, tmp_path) -> None:
-    gae = ("algorithm.advantage=gae", "algorithm.lam=0.95", "critic.lr=1e-3")
+    # two PPO mini-batches a step: the full Trainer path of several optimizer steps per step
+    gae = (
+        "algorithm.advantage=gae",
+        "algorithm.lam=0.95",
+        "critic.lr=1e-3",
+        "algorithm.mini_batches=2",
+    )
     await train(tiny_config(tiny_policy_dir, tmp_path / "a", *gae, "trainer.steps=3"))
     await train(tiny_config(tiny_policy_dir, tmp_path / "b", *gae, "trainer.steps=2"))
     resumed, summary = await train(
@@ -240,6 +246,7 @@ async def test_a_gae_run_checkpoints_and_resumes_its_critic(tiny_policy_dir, tmp
     for key in ("critic/loss", "critic/old_values_mean", "train/loss"):
         assert rows_b[-1][key] == pytest.approx(rows_a[-1][key], rel=1e-4, abs=1e-7), key
     assert rows_a[0]["critic/old_values_mean"] == 0.0 and rows_a[-1]["critic/old_values_mean"] != 0
+    assert all(row["train/optimizer_steps"] == 2 for row in rows_a)
     exported = load_value_model(tmp_path / "a" / "hf_critic", "sdpa")
     assert exported.score.weight.any()  # the trained head, loadable as critic.path
 

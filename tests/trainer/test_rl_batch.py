@@ -166,3 +166,14 @@ def test_reinforce_pp_whitens_what_the_staleness_bound_leaves():
     assert [s["advantages"] for s in batch.sequences] == pytest.approx(
         [3**0.5, -(3**-0.5)], rel=1e-5
     )
+
+
+def test_tool_calls_are_counted_from_the_tool_messages():
+    calls = [episode(0, 0, 1.0), episode(0, 1, 0.0), episode(0, 2, 0.0), episode(0, 3, 0.0)]
+    tool = {"role": "tool", "name": "python", "content": "42\n"}
+    calls[0].messages = [{"role": "user", "content": "?"}, tool, tool]
+    calls[1].messages = [{"role": "user", "content": "?"}, tool]
+    calls[2].messages = [{"role": "user", "content": "no call"}]
+    assert [t.tool_calls for t in calls] == [2, 1, 0, 0]
+    m = build_batch([calls], AlgorithmConfig(), StreamConfig(), 0).metrics
+    assert (m["episodes/tool_calls_mean"], m["episodes/tool_use_fraction"]) == (0.75, 0.5)
