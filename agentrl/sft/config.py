@@ -1,0 +1,158 @@
+"""The typed configuration of a supervised fine-tuning run: what ``agentrl sft CONFIG`` reads.
+
+The same style as :mod:`agentrl.trainer.train_config` (and its YAML loader, dotted overrides and
+error messages): one YAML file whose sections are the classes below, every key with a default, a
+type and a docstring (``agentrl sft --help-config``). ``model`` and ``actor`` are the sections of
+``agentrl train``, so an SFT run and the RL run that starts from it read alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from agentrl.config import Config, ConfigError
+from agentrl.trainer.actor import ActorConfig
+from agentrl.trainer.train_config import (
+    ModelConfig,
+    apply_override,
+    config_reference,
+    describe_nested_errors,
+)
+
+
+class DataConfig(Config):
+    """The conversations: rows with ``messages`` (and optional ``tools``), see docs/sft.md."""
+
+    path: Path | None = None
+    """Training conversations: a .jsonl/.json or .parquet file (``agentrl demos`` writes them)."""
+    val_path: Path | None = None
+    """Validation conversations (same format); default: ``val_fraction`` of ``path``."""
+    val_fraction: float = Field(default=0.0, ge=0, lt=1)
+    """Share of ``path`` held out for the validation loss when ``val_path`` is not given (0: no
+    validation). The split is drawn with ``trainer.seed``."""
+    max_tokens: int = Field(default=2048, ge=16)
+    """Longest tokenized conversation kept; longer ones are left out (counted in the line the run
+    prints when it loads the data). Must not exceed ``trainer.micro_batch_tokens``."""
+    template_policy: Literal["keep", "strict"] = "keep"
+    """A chat template that is not append-only, as ``rollout.template_policy`` of ``agentrl
+    train``: ``keep`` the rollout's token sequence (with a warning) or ``strict``: refuse it."""
+
+
+class SFTActorConfig(ActorConfig):
+    """:class:`~agentrl.trainer.actor.ActorConfig` with a learning rate for SFT."""
+
+    lr: float = Field(default=2e-5, gt=0)
+    """Peak learning rate of AdamW (SFT's default, higher than ``agentrl train``'s)."""
+
+
+class SFTTrainerConfig(Config):
+    """The loop: epochs, batches, checkpoints, outputs."""
+
+    epochs: int = Field(default=1, ge=1)
+    """Passes over the training conversations (each in a new order drawn from ``seed``)."""
+    steps: int | None = Field(default=None, ge=1)
+    """Stop after this many optimizer steps in all (default: ``epochs`` times the steps of one
+    epoch)."""
+    batch_size: int = Field(default=8, ge=1)
+    """Conversations per optimizer step, over all ranks (the last batch of an epoch may be
+    smaller). The loss is the mean over the loss tokens of the whole batch."""
+    micro_batch_tokens: int = Field(default=4096, ge=16)
+    """Token budget of one packed micro-batch on one rank (at least ``data.max_tokens``)."""
+    seed: int = 0
+    """Seeds the shuffling, the validation split and torch."""
+    output_dir: Path = Path("runs/sft")
+    """Metrics, TensorBoard events, checkpoints and the exported model (output_dir/hf) go here."""
+    eval_every: int = Field(default=0, ge=0)
+    """Compute the validation loss every this many steps, and at the end (0: at the end only;
+    nothing without validation data)."""
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Save a checkpoint every this many steps (0: only at the end and on Ctrl-C)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Newest checkpoints kept."""
+    resume: Literal["auto", "never"] | Path = "auto"
+    """``auto``: continue from the newest checkpoint in output_dir if there is one; ``never``; or
+    a checkpoint directory."""
+    export_hf: bool = True
+    """Write a Hugging Face model directory (output_dir/hf) at the end: ``model.path`` of the
+    ``agentrl train`` run that follows."""
+    tensorboard: bool = True
+    """Write TensorBoard events besides metrics.jsonl."""
+
+
+class SFTConfig(Config):
+    """One supervised fine-tuning run; each field is a section of the YAML file."""
+
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    # model_validate: ActorConfig's positional Field defaults are invisible to mypy
+    actor: SFTActorConfig = SFTActorConfig.model_validate({})
+    trainer: SFTTrainerConfig = SFTTrainerConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.trainer.micro_batch_tokens < self.data.max_tokens:
+            raise ValueError(
+                f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}) must be at least "
+                f"data.max_tokens ({self.data.max_tokens}): a conversation cannot be split "
+                "across micro-batches"
+            )
+        if self.data.val_path is not None and self.data.val_fraction:
+            raise ValueError("give data.val_path or data.val_fraction, not both")
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> Self:
+        """Read ``path`` (YAML; None: all defaults), apply ``key.sub=value`` overrides, validate."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"config file {path} does not exist")
+            loaded = yaml.safe_load(path.read_text())
+            if loaded is not None and not isinstance(loaded, dict):
+                raise ConfigError(f"{path}: expected a mapping of sections, got {type(loaded)}")
+            values = loaded or {}
+        for item in overrides or []:
+            apply_override(values, item)
+        config = cls.build(str(path or "sft config"), values)
+        if config.data.path is None:
+            raise ConfigError(f"{path or 'sft config'}: data.path is required (a .jsonl/.parquet)")
+        return config
+
+    @classmethod
+    def build(cls, where: str, values: dict[str, Any]) -> Self:
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError(describe_nested_errors(cls, where, exc)) from None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def sft_config_reference() -> list[tuple[str, str, str]]:
+    """(dotted key, default, description) of every key, for ``--help-config`` and docs."""
+    return config_reference(SFTConfig)
+
+
+def sft_config_reference_markdown() -> str:
+    """The reference as the Markdown page ``docs/sft_config.md`` (a test keeps it in sync)."""
+    lines = [
+        "# `agentrl sft` configuration",
+        "",
+        "Generated by `agentrl sft --help-config --markdown`; every key, its default and meaning.",
+        "Set keys in the YAML file (sections as mappings) or as dotted overrides on the command",
+        "line (`actor.lr=2e-5`, values parsed as YAML). Unknown keys are rejected. See",
+        "[sft.md](sft.md) for the data format and the loss masks.",
+        "",
+        "| key | default | description |",
+        "|---|---|---|",
+    ]
+    for key, default, description in sft_config_reference():
+        text = " ".join(description.split()).replace("|", "\\|")
+        lines.append(f"| `{key}` | `{default}` | {text} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,216 @@
+"""Whole SFT runs with a tiny random policy: the loss falls, outputs, data order, resume, errors.
+
+The policy is the suite's 2-layer Llama over SmolLM2's vocabulary (``tiny_policy_dir``): the
+mechanics are those of any model, and a run takes seconds. Resuming is asserted bit-exact
+(``torch.equal`` on the exported weights), as for the RL trainer's checkpoints.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentrl.config import ConfigError
+from agentrl.models import load_model, load_tokenizer
+from agentrl.sft.config import SFTConfig
+from agentrl.sft.trainer import SFTTrainer, batch_indices
+from agentrl.trainer.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+ROWS = 16
+
+
+def tool_conversation(a: int, b: int) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "Use <python>code</python> to compute."},
+        {"role": "user", "content": f"What is {a} * {b}?"},
+        {"role": "assistant", "content": f"Let me compute it.\n<python>print({a} * {b})</python>"},
+        {"role": "tool", "name": "python", "content": f"{a * b}\n"},
+        {"role": "assistant", "content": f"The answer is \\boxed{{{a * b}}}."},
+    ]
+
+
+@pytest.fixture(scope="module")
+def conversations(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "conversations.jsonl"
+    rows = [{"messages": tool_conversation(3 + i, 7 + 2 * i)} for i in range(ROWS)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def sft_config(policy_dir, data, out, *overrides):
+    return SFTConfig.load(
+        None,
+        [
+            f"model.path={policy_dir}",
+            f"data.path={data}",
+            "data.max_tokens=256",
+            f"trainer.output_dir={out}",
+            "trainer.batch_size=4",
+            "trainer.micro_batch_tokens=512",
+            "trainer.tensorboard=false",
+            "actor.lr=1e-2",
+            *overrides,
+        ],
+    )
+
+
+def run(config):
+    with SFTTrainer(config, show_progress=False) as trainer:
+        return trainer, trainer.run()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_policy_dir, conversations, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    config = sft_config(
+        tiny_policy_dir,
+        conversations,
+        out,
+        "trainer.steps=6",
+        "data.val_fraction=0.25",
+        "trainer.eval_every=3",
+        "trainer.tensorboard=true",
+    )
+    trainer, summary = run(config)
+    return trainer, summary, out
+
+
+def test_a_run_lowers_the_loss_and_writes_its_outputs(finished_run):
+    trainer, summary, out = finished_run
+    assert summary.steps == summary.final_step == 6 and not summary.interrupted
+    assert len(trainer.train_data.rows) == 12 and len(trainer.val_data.rows) == 4
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[-1]["train/loss"] < rows[0]["train/loss"]
+    assert 0 <= rows[-1]["train/token_accuracy"] <= 1
+    assert [r["step"] for r in rows if "val/loss" in r] == [3, 6]
+    assert rows[-1]["val/loss"] < rows[2]["val/loss"]
+    assert rows[-1]["train/epoch"] == 2.0  # 12 training rows, 4 per step
+    logged = {k: v for k, v in rows[-1].items() if k not in ("step", "time")}
+    assert summary.last_metrics == pytest.approx(logged)
+    assert (out / "curves.png").stat().st_size > 0
+    assert list((out / "tensorboard").iterdir())
+    assert summary.checkpoint == out / "checkpoints" / "step_00000006"
+    assert SFTConfig.load(out / "config.yaml") == trainer.config
+
+    model = load_model(summary.exported)
+    tokenizer = load_tokenizer(summary.exported)
+    assert tokenizer.chat_template and tokenizer.chat_template == trainer.tokenizer.chat_template
+    weights = load_file(summary.exported / "model.safetensors")
+    assert not torch.equal(
+        weights["model.norm.weight"], load_model(trainer.config.model.path).model.norm.weight
+    )
+    torch.testing.assert_close(model.model.norm.weight, weights["model.norm.weight"])
+
+
+def test_each_epoch_visits_every_row_once_in_its_own_order(finished_run):
+    orders = []
+    for epoch in range(3):  # 13 rows, batches of 4: 4 steps per epoch, the last of 1 row
+        batches = [batch_indices(5, epoch * 4 + s, 13, 4) for s in range(4)]
+        assert [len(b) for b in batches] == [4, 4, 4, 1]
+        orders.append([i for b in batches for i in b])
+        assert sorted(orders[-1]) == list(range(13))
+    assert len({tuple(order) for order in orders}) == 3
+    assert batch_indices(5, 6, 13, 4) == batch_indices(5, 6, 13, 4)
+    assert batch_indices(6, 6, 13, 4) != batch_indices(5, 6, 13, 4)
+
+    trainer = finished_run[0]  # the trainer's batches are these rows
+    rows = trainer.train_data.rows
+    for step in range(6):
+        expected = [rows[i] for i in batch_indices(0, step, len(rows), 4)]
+        assert trainer.batch_rows(step) == expected
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_weights(
+    tiny_policy_dir, conversations, tmp_path
+):
+    _, straight = run(sft_config(tiny_policy_dir, conversations, tmp_path / "a", "trainer.steps=4"))
+
+    config = sft_config(tiny_policy_dir, conversations, tmp_path / "b", "trainer.steps=4")
+    with SFTTrainer(config, show_progress=False) as trainer:
+        take_step = trainer.step
+
+        def step_then_stop():  # as Ctrl-C during step 2 would
+            record = take_step()
+            if trainer.actor.step == 2:
+                trainer.request_stop()
+            return record
+
+        trainer.step = step_then_stop
+        stopped = trainer.run()
+    assert stopped.interrupted and stopped.final_step == 2 and stopped.exported is None
+    assert stopped.checkpoint == tmp_path / "b" / "checkpoints" / "step_00000002"
+
+    _, resumed = run(config)
+    assert resumed.steps == 2 and resumed.final_step == 4 and not resumed.interrupted
+    expected = load_file(straight.exported / "model.safetensors")
+    got = load_file(resumed.exported / "model.safetensors")
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+    rows_a = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    rows_b = read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in rows_b] == [1, 2, 3, 4]
+    assert [r["train/loss"] for r in rows_b] == [r["train/loss"] for r in rows_a]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["data.max_tokens=1024", "trainer.micro_batch_tokens=512"],
+            r"micro_batch_tokens \(512\) must be at least data.max_tokens \(1024\)",
+        ),
+        (["data.val_path=v.jsonl", "data.val_fraction=0.1"], "val_path or data.val_fraction"),
+        (["data.path=null"], "data.path is required"),
+        (["trainer.epoch=2"], r"trainer\.epoch: unknown key"),
+        (["data.val_fraction=1.5"], r"data\.val_fraction"),
+    ],
+)
+def test_config_errors_name_the_problem(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        sft_config("policy", tmp_path / "d.jsonl", tmp_path / "out", *overrides)
+
+
+@pytest.mark.parametrize(
+    ("resume", "message"),
+    [("auto", "has no checkpoint to resume"), ("never", "trainer.resume=never")],
+)
+def test_a_new_run_refuses_an_old_runs_metrics(
+    tiny_policy_dir, conversations, tmp_path, resume, message
+):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/loss": 2.5}\n')
+    config = sft_config(tiny_policy_dir, conversations, tmp_path, f"trainer.resume={resume}")
+    with pytest.raises(ConfigError, match=message):
+        run(config)
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "train/loss": 2.5}\n'
+    missing = tmp_path / "nope"
+    with pytest.raises(ConfigError, match="no checkpoint directory"):
+        run(sft_config(tiny_policy_dir, conversations, tmp_path, f"trainer.resume={missing}"))
+
+
+def test_two_ranks_give_the_one_rank_loss(tiny_policy_dir, conversations, tmp_path, finished_run):
+    """torchrun with 2 CPU ranks (gloo): each rank packs half of the same batch; the loss is the
+    mean over the whole batch's loss tokens, so step 1 matches the one-process run's."""
+    out = tmp_path / "two"
+    one = read_metrics(finished_run[2] / "metrics.jsonl")[0]
+    config = tmp_path / "sft.yaml"
+    config.write_text(finished_run[0].config.to_yaml())
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command += ["-m", "agentrl.cli", "sft", str(config), f"trainer.output_dir={out}"]
+    command += ["trainer.steps=1", "trainer.export_hf=false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (two,) = read_metrics(out / "metrics.jsonl")
+    assert two["train/loss_tokens"] == one["train/loss_tokens"]
+    assert two["train/loss"] == pytest.approx(one["train/loss"], rel=1e-5)
+    assert two["train/grad_norm"] == pytest.approx(one["train/grad_norm"], rel=1e-4)
+    assert not np.isnan(two["train/token_accuracy"])
