@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*_cpu.yaml"))
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*_cpu.yaml") if "_sft_" not in p.name)
 
 
 def test_the_cpu_examples_are_these():
@@ -23,6 +23,13 @@ def test_the_cpu_examples_are_these():
         "search_grpo_cpu.yaml",
         "swe_grpo_cpu.yaml",
     }
+
+
+def test_the_sft_example_is_a_valid_sft_config():
+    from agentrl.sft.config import SFTConfig
+
+    config = SFTConfig.load(ROOT / "examples" / "math_tool_sft_cpu.yaml")
+    assert str(config.data.path) == "runs/demo/demos.jsonl" and config.trainer.steps == 16
 
 
 def test_the_gpu_example_is_a_valid_config():
