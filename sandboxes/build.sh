@@ -4,6 +4,9 @@
 #   sandboxes/build.sh [python|swe|all] [--force]      (default: python; --force rebuilds each one)
 #   sandboxes/build.sh swe-project PROJECT.json [--force]
 #   --no-cache: build what is out of date without the layer cache (--force implies it)
+#   --hosts URL[,URL...]: then make the images the target names available on each of these engines
+#     (unix://, tcp://, ssh://; the ones $AGENTRL_SANDBOX_HOSTS lists): `save | --url URL load` for
+#     each image whose id there differs from the local one, "up to date" otherwise
 #
 # 1. Base, localhost/agentrl-debian:bookworm: pulled from $BASE_PULL when its registry answers,
 #    otherwise bootstrapped with debootstrap (minbase + python3, mirror from the apt sources) and
@@ -40,17 +43,33 @@ target=python
 force=0
 nocache=0
 projects=()
-usage="usage: sandboxes/build.sh [python|swe|all] [--force] | swe-project PROJECT.json [--force]"
+hosts=()
+usage="usage: sandboxes/build.sh [python|swe|all] [--force] [--hosts URL,...] | swe-project PROJECT.json [--force]"
+expect_hosts=0
 for arg in "$@"; do
+  if [ "$expect_hosts" = 1 ]; then
+    IFS=, read -r -a hosts <<<"$arg"
+    expect_hosts=0
+    continue
+  fi
   case $arg in
     python | swe | all | swe-project) target=$arg ;;
     --force) force=1 ;;
     --no-cache) nocache=1 ;;
+    --hosts) expect_hosts=1 ;;
+    --hosts=*) IFS=, read -r -a hosts <<<"${arg#--hosts=}" ;;
     *.json)
       [ "$target" = swe-project ] || die "$arg: a project file goes after swe-project ($usage)"
       projects+=("$arg")
       ;;
     *) die "unknown argument '$arg' ($usage)" ;;
+  esac
+done
+[ "$expect_hosts" = 0 ] || die "--hosts needs a comma-separated list of URLs ($usage)"
+for url in ${hosts[@]+"${hosts[@]}"}; do
+  case $url in
+    unix:///* | tcp://?* | ssh://?*) ;;
+    *) die "bad host URL '$url': use unix:///path, tcp://host:port or ssh://[user@]host" ;;
   esac
 done
 if [ "$target" = swe-project ]; then
@@ -199,15 +218,47 @@ print(" ".join(project.get("apt_packages", [])))
 ' "$1") || die "$1 is not a readable SWE project file"
   { read -r image; read -r project; read -r packages || true; } <<<"$fields" # no packages: no line
   build_recipe swe-project "$image" "$SWE_IMAGE" "APT_PACKAGES=$packages" "PROJECT=$project"
+  built_images+=("$image")
 }
 
+# The CLI talking to engine $1: podman --url URL, docker -H URL (TLS from DOCKER_CERT_PATH).
+remote() {
+  local url=$1
+  shift
+  if [ "$(basename "$cli")" = podman ]; then "$cli" --url "$url" "$@"; else "$cli" -H "$url" "$@"; fi
+}
+
+# $1: engine URL, then images: each one whose id differs there is saved here and loaded there.
+copy_images() {
+  local url=$1 image start local_id
+  shift
+  remote "$url" version >/dev/null 2>&1 || die "no engine answers at $url"
+  for image in "$@"; do
+    local_id=$(inspect "$image" '{{.Id}}') || die "$image is not in the local image store"
+    if [ "$(remote "$url" image inspect --format '{{.Id}}' "$image" 2>/dev/null)" = "$local_id" ]; then
+      log "$image: up to date on $url"
+      continue
+    fi
+    start=$SECONDS
+    log "$image: loading on $url"
+    "$cli" save "$image" | remote "$url" load >/dev/null || die "loading $image on $url failed"
+    log "$image: loaded on $url in $((SECONDS - start)) s"
+  done
+}
+
+built_images=() # what --hosts copies: the images sandboxes run, not the base
 build_base
 if [ "$target" = python ] || [ "$target" = all ]; then
   build_recipe python "$PYTHON_IMAGE" "$BASE_IMAGE"
+  built_images+=("$PYTHON_IMAGE")
 fi
 if [ "$target" != python ]; then
   build_recipe swe "$SWE_IMAGE" "$BASE_IMAGE"
+  built_images+=("$SWE_IMAGE")
   for project in "${projects[@]}"; do
     build_project "$project"
   done
 fi
+for url in ${hosts[@]+"${hosts[@]}"}; do
+  copy_images "$url" "${built_images[@]}"
+done

@@ -27,6 +27,7 @@ from agentrl.tools.sandbox import (
     SandboxCrashed,
     SandboxError,
     SandboxLimits,
+    SandboxLost,
 )
 from agentrl.tools.sandbox_pool import EpisodeSandbox, SandboxPool, sandbox_factory
 from agentrl.tools.tool import Tool, ToolArgumentError
@@ -43,6 +44,7 @@ __all__ = [
     "SandboxCrashed",
     "SandboxError",
     "SandboxLimits",
+    "SandboxLost",
     "SandboxPool",
     "TagParser",
     "Tool",

@@ -35,11 +35,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
+import secrets
 import socket
 import stat
 import struct
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +58,8 @@ _USER = "65534:65534"
 _READ_LIMIT = 64 << 20
 _STDERR_TAIL = 4096
 
+log = logging.getLogger(__name__)
+
 
 class ContainerSandbox(Sandbox):
     """A sandbox in a container; build one with :meth:`start`."""
@@ -66,6 +72,8 @@ class ContainerSandbox(Sandbox):
         self._owns_client = owns_client  # made by start(): closed with the sandbox
         self._container = container
         self._connection = connection
+        self.on_not_removed: Callable[[str], None] | None = None
+        """Called with the container's id when closing could not remove it (engine unreachable)."""
 
     @property
     def container_id(self) -> str:
@@ -79,36 +87,52 @@ class ContainerSandbox(Sandbox):
         *,
         image: str = DEFAULT_IMAGE,
         client: Any = None,
+        on_not_removed: Callable[[str], None] | None = None,
     ) -> ContainerSandbox:
         """Create and start a container from ``image`` and wait until its agent answers.
 
         ``client`` is a ``docker.DockerClient`` (default ``docker.from_env()``). Raises
         :class:`SandboxError` when the engine is unreachable, the image is missing or the
         container fails to start; a container that failed to start is removed.
+        ``on_not_removed`` is called with the container's name or id when the engine could not
+        remove it (it stopped answering during the start, or before the sandbox was closed).
         """
         limits = limits or SandboxLimits()
         owns_client = client is None
         client = client or await asyncio.to_thread(connect)
+        name = f"agentrl-{os.getpid()}-{secrets.token_hex(6)}"  # found by name if create fails
+        creating = asyncio.ensure_future(asyncio.to_thread(_create, client, image, limits, name))
         try:
-            container = await asyncio.to_thread(_create, client, image, limits)
+            container = await asyncio.shield(creating)
         except BaseException:
+            if not creating.done():  # cancelled: the engine call goes on in its thread
+                creating.add_done_callback(_remove_when_made)
             if owns_client:
                 client.close()
+            if on_not_removed is not None:  # the engine may have made it before failing
+                on_not_removed(name)
             raise
         try:
             connection = await _attach(client, container)
             await asyncio.to_thread(container.start)
             sandbox = cls(client, container, connection, owns_client=owns_client)
+            sandbox.on_not_removed = on_not_removed
         except BaseException as exc:
-            await asyncio.to_thread(_remove, container)
+            removed = await asyncio.to_thread(_remove, container)
+            if not removed and on_not_removed is not None:
+                on_not_removed(container.id)
             if owns_client:
                 client.close()
+            if not isinstance(exc, Exception):  # cancelled or interrupted: not a failed start
+                raise
             raise SandboxError(f"the container sandbox did not start: {exc}") from exc
         return await sandbox._until_ready("container")
 
     async def _shutdown(self) -> None:
         self._connection.close()
-        await asyncio.to_thread(_remove, self._container)
+        removed = await asyncio.to_thread(_remove, self._container)
+        if not removed and self.on_not_removed is not None:
+            self.on_not_removed(self.container_id)
         if self._owns_client:
             self._client.close()  # its pooled connections to the engine's socket
         with contextlib.suppress(asyncio.CancelledError):
@@ -118,7 +142,8 @@ class ContainerSandbox(Sandbox):
     async def _death_reason(self) -> str:
         try:
             state = await asyncio.to_thread(_state, self._container)
-        except Exception as exc:
+        except Exception as exc:  # the engine is down, or removed the container: not the code
+            self._lost = True
             return f"the container is gone ({type(exc).__name__}: {exc})"
         code = state.get("ExitCode")
         reason = f"the container stopped (status {state.get('Status')}, exit code {code})"
@@ -166,14 +191,16 @@ def remove_orphans(client: Any = None) -> int:
     return removed
 
 
-def _create(client: Any, image: str, limits: SandboxLimits) -> Any:
+def _create(client: Any, image: str, limits: SandboxLimits, name: str) -> Any:
     import docker
+    import requests  # the SDK's transport: an unreachable engine raises its errors
 
     tmpfs_options = f"rw,size={limits.disk_mb}m,mode=1777"
     try:
         return client.containers.create(
             image,
             agent_command(limits),
+            name=name,
             stdin_open=True,
             init=True,  # an init reaps orphans: zombies would otherwise hold the pids limit
             working_dir=Sandbox.workdir,
@@ -194,7 +221,7 @@ def _create(client: Any, image: str, limits: SandboxLimits) -> Any:
         raise SandboxError(
             f"sandbox image {image!r} not found: build it with `sudo sandboxes/build.sh`"
         ) from exc
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise SandboxError(f"cannot create a sandbox container from {image!r}: {exc}") from exc
 
 
@@ -283,19 +310,38 @@ def _state(container: Any) -> dict[str, Any]:
     return container.attrs.get("State", {})
 
 
-def _remove(container: Any) -> None:
-    """Force-remove ``container``; podman 4.3 can answer 500 for one that just exited: retry."""
-    import docker
+def _remove_when_made(creating: asyncio.Future[Any]) -> None:
+    """Remove the container a cancelled start's engine call made after all (in a thread)."""
+    if not creating.cancelled() and creating.exception() is None:
+        threading.Thread(target=_remove, args=(creating.result(),), daemon=True).start()
 
-    for attempt in range(5):
+
+def _remove(container: Any) -> bool:
+    """Force-remove ``container``; podman 4.3 can answer 500 for one that just exited: retry.
+
+    An engine that no longer answers cannot remove anything: that is logged, not raised (closing
+    a sandbox never raises for a dead box), and False is returned; ``ContainerHosts`` removes it
+    when the engine answers again, ``remove_orphans`` once this process is gone.
+    """
+    import docker
+    import requests
+
+    attempts = 0
+    while True:
         try:
             container.remove(force=True)
-            return
+            return True
         except docker.errors.NotFound:
-            return
+            return True
         except docker.errors.APIError:
-            if attempt == 4:
+            attempts += 1
+            if attempts == 5:
                 raise
+        except requests.exceptions.ConnectionError as exc:
+            log.warning(
+                "container %s was not removed, its engine is unreachable: %s", container.id, exc
+            )
+            return False
 
 
 def _pid_alive(pid: int) -> bool:

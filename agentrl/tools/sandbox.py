@@ -15,8 +15,9 @@ hands its stdin/stdout here; the calls below are the same for all of them:
 Output is capped at ``max_output_bytes`` per stream (default :data:`DEFAULT_MAX_OUTPUT_BYTES`);
 ``result.truncated`` marks a cut. Whatever the sandboxed code does comes back in the result; the
 calls raise only when the sandbox itself fails: :class:`SandboxCrashed` when its agent died or
-stopped answering (the sandbox is then unusable, and a pool replaces it), :class:`SandboxError`
-for a request the agent refused (e.g. reading a missing file).
+stopped answering (the sandbox is then unusable, and a pool replaces it; its subclass
+:class:`SandboxLost` when the box's host went away with it, which no code in the box can cause),
+:class:`SandboxError` for a request the agent refused (e.g. reading a missing file).
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ class SandboxCrashed(SandboxError):
     """The sandbox died or stopped answering; it cannot be used again."""
 
 
+class SandboxLost(SandboxCrashed):
+    """The sandbox's host lost it (its engine stopped answering, or the box was removed under
+    it): an infrastructure failure, which nothing run inside the box can cause."""
+
+
 def agent_command(limits: SandboxLimits, python: str = "python3") -> list[str]:
     """The argv that starts the in-sandbox agent with ``python`` (isolated mode, unbuffered).
 
@@ -116,6 +122,7 @@ class Sandbox(abc.ABC):
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._failure: str | None = None
+        self._lost = False  # set by a backend's _death_reason: the host, not the box, failed
         self._closed = False
         self._replies = asyncio.create_task(self._read_replies())
 
@@ -194,7 +201,10 @@ class Sandbox(abc.ABC):
         """Wait for the agent's first answer; otherwise destroy the box and raise SandboxError."""
         try:
             await self.ping(timeout=_START_TIMEOUT_S)
-        except BaseException:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # cancelled or interrupted: destroyed, not failed
+                await self.close()
+                raise
             reason = await self._death_reason()
             await self.close()
             raise SandboxError(f"the {backend} sandbox did not start: {reason}") from None
@@ -215,7 +225,7 @@ class Sandbox(abc.ABC):
         if self._closed:
             raise SandboxCrashed("the sandbox was closed")
         if self._failure is not None:
-            raise SandboxCrashed(self._failure)
+            raise self._crash(self._failure)
         request_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
@@ -234,7 +244,7 @@ class Sandbox(abc.ABC):
             if isinstance(exc, SandboxError):
                 raise
             await asyncio.sleep(0)  # let the reply reader record why the stream ended
-            raise SandboxCrashed(self._failure or f"lost the sandbox: {exc}") from exc
+            raise self._crash(self._failure or f"lost the sandbox: {exc}") from exc
         finally:
             self._pending.pop(request_id, None)
         if not reply["ok"]:
@@ -258,7 +268,10 @@ class Sandbox(abc.ABC):
     def _fail_pending(self, reason: str) -> None:
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(SandboxCrashed(reason))
+                future.set_exception(self._crash(reason))
+
+    def _crash(self, reason: str) -> SandboxCrashed:
+        return (SandboxLost if self._lost else SandboxCrashed)(reason)
 
 
 def _check_limits(timeout: float, max_output_bytes: int) -> None:

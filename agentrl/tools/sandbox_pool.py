@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self
@@ -37,8 +38,10 @@ def sandbox_factory(
     """A factory for ``backend`` (``"bwrap"`` or ``"container"``); ``options`` go to its ``start``.
 
     ``image`` is the container image (the bubblewrap backend has none and ignores it), so one
-    environment config serves both backends. Other options: ``client`` for ``"container"``;
-    ``python`` for ``"bwrap"``.
+    environment config serves both backends. Other options: ``client`` (one engine) or ``hosts``
+    (a :class:`~agentrl.tools.container_hosts.ContainerHosts`: each sandbox on the least-loaded
+    healthy engine) for ``"container"``; without either, ``$AGENTRL_SANDBOX_HOSTS`` names the
+    engines when it is set, else ``DOCKER_HOST`` the one. ``python`` for ``"bwrap"``.
     """
     if backend == "bwrap":
         from agentrl.tools.bwrap import BubblewrapSandbox
@@ -46,7 +49,15 @@ def sandbox_factory(
         return lambda: BubblewrapSandbox.start(limits, **options)
     if backend == "container":
         from agentrl.tools.container import ContainerSandbox
+        from agentrl.tools.container_hosts import ENV_VAR, shared_hosts
 
+        hosts = options.pop("hosts", None)
+        if hosts is not None and "client" in options:
+            raise ValueError("give the container backend a client or hosts, not both")
+        if hosts is None and "client" not in options and os.environ.get(ENV_VAR, "").strip():
+            hosts = shared_hosts(os.environ[ENV_VAR])
+        if hosts is not None:
+            return lambda: hosts.start(limits, image=image, **options)
         return lambda: ContainerSandbox.start(limits, image=image, **options)
     raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 

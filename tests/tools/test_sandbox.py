@@ -146,3 +146,28 @@ async def test_a_closed_container_sandbox_leaves_no_socket_open():
     with pytest.raises(SandboxError, match="not found: build it"):
         await ContainerSandbox.start(image="localhost/agentrl-no-such-image:latest")
     gc.collect()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.3])
+async def test_a_cancelled_container_start_leaves_no_container(after_s):
+    """Cancelled while the engine creates, attaches or starts: the task ends cancelled (not as a
+    failed start), and the container the engine made anyway is removed."""
+    from agentrl.tools.container import LABEL, connect
+
+    client = connect()
+    mine = {"label": f"{LABEL}={__import__('socket').gethostname()}:{os.getpid()}"}
+    before = {c.id for c in client.containers.list(all=True, filters=mine)}
+    start = asyncio.ensure_future(ContainerSandbox.start(SandboxLimits(memory_mb=128)))
+    await asyncio.sleep(after_s)
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    left: set[str] = set()
+    for _ in range(100):  # the engine call may still be running in its thread
+        left = {c.id for c in client.containers.list(all=True, filters=mine)} - before
+        if not left:
+            break
+        await asyncio.sleep(0.1)
+    client.close()
+    assert not left, f"containers left behind: {left}"

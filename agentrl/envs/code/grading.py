@@ -15,8 +15,9 @@ read the judge's memory (see the harness); its results reach the tests as plain 
 Failures are told apart:
 
 * ``grading_error`` (an infrastructure failure, never a verdict on the solution): no sandbox could
-  be had (the backend failed to start one, or the pool is closed), or the harness could not set
-  itself up.
+  be had (the backend failed to start one, or the pool is closed), the sandbox's host went away
+  with it (:class:`~agentrl.tools.SandboxLost`: a container engine that stopped answering), or
+  the harness could not set itself up.
 * A sandbox that dies *while the tests run* is a failed test run, with the reason as feedback:
   the usual causes are the solution's own (a memory or fork bomb that takes the sandbox's agent
   down with it, or code that kills or stops the agent), and a deliberate crash must not buy the
@@ -44,7 +45,7 @@ from pathlib import Path
 
 from agentrl.envs.code import harness
 from agentrl.envs.code.problems import CodeProblem
-from agentrl.tools import Sandbox, SandboxError, SandboxPool
+from agentrl.tools import Sandbox, SandboxError, SandboxLost, SandboxPool
 from agentrl.tools.sandbox_pool import SandboxFactory
 
 HARNESS_SOURCE = Path(harness.__file__).read_text()
@@ -97,9 +98,11 @@ async def grade(
                     stdin=json.dumps(request),
                     max_output_bytes=_MAX_OUTPUT_BYTES,
                 )
+            except SandboxLost:
+                raise  # its host went away with it: handled below, as no sandbox at all
             except SandboxError as exc:  # died under the solution: see the module docstring
                 crash = str(exc)
-    except Exception as exc:  # no sandbox could be had: never the solution's fault
+    except Exception as exc:  # no sandbox could be had, or it was lost: never the solution's fault
         return GradeResult(
             passed=False,
             grading_error=f"{type(exc).__name__}: {exc}",
