@@ -37,7 +37,7 @@ test: export DOCKER_HOST ?= unix:///run/podman/podman.sock
 test: $(STAMP) lint
 	sandboxes/setup.sh all
 	PYTHON=$(PYTHON) scripts/setup-sglang-env
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # The modules the type checker holds to account (the rest of the package is not mypy-clean yet).
 TYPED := agentrl/engine_pool/engine.py agentrl/engine_pool/sglang_api.py \
