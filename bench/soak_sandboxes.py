@@ -270,6 +270,7 @@ class Soak:
 
     async def run(self) -> SoakReport:
         began = time.monotonic()
+        self.before = snapshot()
         hosts = None
         try:
             if "container" in self.config.backends:
@@ -291,7 +292,7 @@ class Soak:
         self.report.starts = self.recorder.starts
         self.report.wall_s = time.monotonic() - began
         self.account()
-        self.report.problems += find_leaks(self.recorder.container_ids, self.workdir)
+        self.report.problems += find_leaks(self.recorder.container_ids, self.workdir, self.before)
         return self.report
 
     async def measure_baseline(self, factories: dict[str, Any]) -> None:
@@ -419,15 +420,50 @@ class Soak:
 # --- leaks ------------------------------------------------------------------------------------
 
 
-def find_leaks(container_ids: set[str], workdir: Path) -> list[str]:
-    """What the run left behind: containers, conmon, mounts, cgroups, processes, services."""
-    leaks = []
+@dataclass(frozen=True)
+class Snapshot:
+    """This process's containers, child processes and bubblewrap cgroups before the run: in a
+    test session other tests' warm pools and helpers are there too, and are not the run's."""
+
+    containers: frozenset[str]
+    children: frozenset[int]
+    cgroups: frozenset[Path]
+
+
+def snapshot() -> Snapshot:
+    return Snapshot(
+        frozenset(_own_containers()),
+        frozenset(child.pid for child in psutil.Process().children(recursive=True)),
+        frozenset(_own_cgroups()),
+    )
+
+
+def _own_containers() -> list[str]:
     listed = subprocess.run(
         ["podman", "ps", "-aq", "--no-trunc", "--filter", f"label={LABEL}={OWNER}"],
         capture_output=True,
         text=True,
     )
-    leaks += [f"container {cid[:12]} is still there" for cid in listed.stdout.split()]
+    return listed.stdout.split()
+
+
+def _own_cgroups() -> list[Path]:
+    return [
+        group
+        for controller in ("memory", "pids", "cpu")
+        for group in Path(f"/sys/fs/cgroup/{controller}/agentrl").glob(f"sandbox-{os.getpid()}-*")
+    ]
+
+
+def find_leaks(container_ids: set[str], workdir: Path, before: Snapshot | None = None) -> list[str]:
+    """What the run left behind (beyond ``before``): containers, conmon, mounts, cgroups,
+    processes, services."""
+    before = before or Snapshot(frozenset(), frozenset(), frozenset())
+    leaks = [
+        f"container {cid[:12]} is still there"
+        for cid in _own_containers()
+        if cid not in before.containers
+    ]
     mounts = Path("/proc/self/mountinfo").read_text()
     for cid in container_ids:
         if cid in mounts:
@@ -440,10 +476,10 @@ def find_leaks(container_ids: set[str], workdir: Path) -> list[str]:
             leaks.append(f"podman service {process.info['pid']} ({cmdline}) is alive")
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
-            if child.status() != psutil.STATUS_ZOMBIE:
+            if child.pid not in before.children and child.status() != psutil.STATUS_ZOMBIE:
                 leaks.append(f"process {child.pid} ({' '.join(child.cmdline())}) is alive")
-    for controller in ("memory", "pids", "cpu"):
-        for group in Path(f"/sys/fs/cgroup/{controller}/agentrl").glob(f"sandbox-{os.getpid()}-*"):
+    for group in _own_cgroups():
+        if group not in before.cgroups:
             leaks.append(f"bubblewrap cgroup {group} is still there")
     return leaks
 
