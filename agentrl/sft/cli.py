@@ -32,19 +32,9 @@ INTERRUPTED = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", type=Path, help="YAML config (see examples/)")
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="KEY=VALUE",
-        help="dotted overrides with YAML values, e.g. data.path=demos.jsonl trainer.epochs=2",
-    )
-    parser.add_argument(
-        "--help-config", action="store_true", help="list every config key with its default"
-    )
-    parser.add_argument(
-        "--markdown", action="store_true", help="with --help-config: print a Markdown table"
-    )
+    from agentrl.trainer.cli import add_arguments as add_config_arguments
+
+    add_config_arguments(parser, example="data.path=demos.jsonl trainer.epochs=2")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,9 +18,9 @@ from agentrl.config import Config, ConfigError
 from agentrl.trainer.actor import ActorConfig
 from agentrl.trainer.train_config import (
     ModelConfig,
-    apply_override,
     config_reference,
     describe_nested_errors,
+    read_values,
 )
 
 
@@ -107,18 +107,7 @@ class SFTConfig(Config):
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> Self:
         """Read ``path`` (YAML; None: all defaults), apply ``key.sub=value`` overrides, validate."""
-        values: dict[str, Any] = {}
-        if path is not None:
-            path = Path(path)
-            if not path.is_file():
-                raise ConfigError(f"config file {path} does not exist")
-            loaded = yaml.safe_load(path.read_text())
-            if loaded is not None and not isinstance(loaded, dict):
-                raise ConfigError(f"{path}: expected a mapping of sections, got {type(loaded)}")
-            values = loaded or {}
-        for item in overrides or []:
-            apply_override(values, item)
-        config = cls.build(str(path or "sft config"), values)
+        config = cls.build(str(path or "sft config"), read_values(path, overrides))
         if config.data.path is None:
             raise ConfigError(f"{path or 'sft config'}: data.path is required (a .jsonl/.parquet)")
         return config

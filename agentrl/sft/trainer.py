@@ -39,13 +39,12 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from agentrl.config import ConfigError
 from agentrl.models import load_model, load_tokenizer
 from agentrl.sft.config import SFTConfig
 from agentrl.sft.data import TokenizedConversations, load_conversations, tokenize_dataset
 from agentrl.tokenization import ChatFormat
 from agentrl.trainer.actor import Actor
-from agentrl.trainer.checkpoint import CheckpointManager, export_hf
+from agentrl.trainer.checkpoint import CheckpointManager, export_hf, resume_from
 from agentrl.trainer.distributed import all_reduce_sum, init_distributed
 from agentrl.trainer.metrics import MetricsLogger
 from agentrl.trainer.packing import PackedMicroBatch, pack_for_rank, packed_forward
@@ -303,23 +302,7 @@ class SFTTrainer:
 
     def _check_output_dir(self) -> Path | None:
         """The checkpoint to resume from; refuse to start a new run over an old one's metrics."""
-        resume = self.config.trainer.resume
-        if resume == "never":
-            path = None
-        elif resume == "auto":
-            path = self.checkpoints.latest()
-        else:
-            path = Path(resume)
-            if not path.is_dir():
-                raise ConfigError(f"trainer.resume: no checkpoint directory {path}")
-        metrics = self.output_dir / "metrics.jsonl"
-        if path is None and metrics.is_file() and metrics.stat().st_size > 0:
-            why = "has no checkpoint to resume" if resume == "auto" else "trainer.resume=never"
-            raise ConfigError(
-                f"trainer.output_dir {self.output_dir} holds another run's metrics and {why}: "
-                f"delete it or choose another output_dir"
-            )
-        return path
+        return resume_from(self.config.trainer.resume, self.checkpoints, self.output_dir)
 
     def _resume(self, path: Path) -> None:
         extra = self.checkpoints.load(path, self.actor)

@@ -81,6 +81,31 @@ TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
 
 
+def resume_from(
+    resume: str | Path, checkpoints: CheckpointManager, output_dir: Path
+) -> Path | None:
+    """The checkpoint ``trainer.resume`` names (``auto``, ``never`` or a directory); refuse to start
+    a new run over an old one's metrics in ``output_dir``."""
+    from agentrl.config import ConfigError
+
+    if resume == "never":
+        path = None
+    elif resume == "auto":
+        path = checkpoints.latest()
+    else:
+        path = Path(resume)
+        if not path.is_dir():
+            raise ConfigError(f"trainer.resume: no checkpoint directory {path}")
+    metrics = output_dir / "metrics.jsonl"
+    if path is None and metrics.is_file() and metrics.stat().st_size > 0:
+        why = "has no checkpoint to resume" if resume == "auto" else "trainer.resume=never"
+        raise ConfigError(
+            f"trainer.output_dir {output_dir} holds another run's metrics and {why}: "
+            f"delete it or choose another output_dir"
+        )
+    return path
+
+
 class CheckpointManager:
     """Saves actor checkpoints under ``directory`` and finds the newest complete one.
 

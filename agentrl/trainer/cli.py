@@ -25,13 +25,16 @@ from rich.table import Table
 INTERRUPTED = 130
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, example: str = "trainer.steps=50 actor.lr=5e-6"
+) -> None:
+    """A config file, its overrides and ``--help-config`` (``agentrl train`` and ``agentrl sft``)."""
     parser.add_argument("config", nargs="?", type=Path, help="YAML config (see examples/)")
     parser.add_argument(
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
-        help="dotted overrides with YAML values, e.g. trainer.steps=50 actor.lr=5e-6",
+        help=f"dotted overrides with YAML values, e.g. {example}",
     )
     parser.add_argument(
         "--help-config", action="store_true", help="list every config key with its default"

@@ -66,7 +66,7 @@ from agentrl.models import engine_dtype, load_model, load_tokenizer
 from agentrl.rollout.mixture import EnvMixture
 from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.trainer.actor import Actor
-from agentrl.trainer.checkpoint import CheckpointManager, export_hf
+from agentrl.trainer.checkpoint import CheckpointManager, export_hf, resume_from
 from agentrl.trainer.critic import Critic, load_value_model, value_model_from_policy
 from agentrl.trainer.distributed import init_distributed
 from agentrl.trainer.engines import RolloutEngines, start_engines, sync_engines
@@ -276,23 +276,7 @@ class Trainer:
 
     def _check_output_dir(self) -> Path | None:
         """The checkpoint to resume from; refuse to start a new run over an old one's metrics."""
-        resume = self.config.trainer.resume
-        if resume == "never":
-            path = None
-        elif resume == "auto":
-            path = self.checkpoints.latest()
-        else:
-            path = Path(resume)
-            if not path.is_dir():
-                raise ConfigError(f"trainer.resume: no checkpoint directory {path}")
-        metrics = self.output_dir / "metrics.jsonl"
-        if path is None and metrics.is_file() and metrics.stat().st_size > 0:
-            why = "has no checkpoint to resume" if resume == "auto" else "trainer.resume=never"
-            raise ConfigError(
-                f"trainer.output_dir {self.output_dir} holds another run's metrics and {why}: "
-                f"delete it or choose another output_dir"
-            )
-        return path
+        return resume_from(self.config.trainer.resume, self.checkpoints, self.output_dir)
 
     def _resume(self, path: Path | None) -> dict[str, Any]:
         """Load checkpoint ``path`` (if any); returns the stream's data position."""

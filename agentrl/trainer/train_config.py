@@ -439,18 +439,7 @@ class TrainConfig(Config):
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> Self:
         """Read ``path`` (YAML; None: all defaults), apply ``key.sub=value`` overrides, validate."""
-        values: dict[str, Any] = {}
-        if path is not None:
-            path = Path(path)
-            if not path.is_file():
-                raise ConfigError(f"config file {path} does not exist")
-            loaded = yaml.safe_load(path.read_text())
-            if loaded is not None and not isinstance(loaded, dict):
-                raise ConfigError(f"{path}: expected a mapping of sections, got {type(loaded)}")
-            values = loaded or {}
-        for item in overrides or []:
-            apply_override(values, item)
-        return cls.build(str(path or "train config"), values)
+        return cls.build(str(path or "train config"), read_values(path, overrides))
 
     @classmethod
     def build(cls, where: str, values: dict[str, Any]) -> Self:
@@ -461,6 +450,22 @@ class TrainConfig(Config):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def read_values(path: str | Path | None, overrides: list[str] | None) -> dict[str, Any]:
+    """The YAML mapping in ``path`` (None: empty) with ``key.sub=value`` overrides applied."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections, got {type(loaded)}")
+        values = loaded or {}
+    for item in overrides or []:
+        apply_override(values, item)
+    return values
 
 
 def apply_override(values: dict[str, Any], item: str) -> None:
