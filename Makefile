@@ -51,7 +51,8 @@ TYPED := agentrl/engine_pool/engine.py agentrl/engine_pool/sglang_api.py \
 	agentrl/tools/retriever.py agentrl/tools/retriever_service.py \
 	agentrl/tools/retrieval_corpus.py agentrl/tools/retriever_cli.py agentrl/envs/search/*.py \
 	agentrl/envs/data_files.py agentrl/envs/swe/*.py agentrl/envs/swe/taskgen/*.py \
-	agentrl/tools/arg_tags.py agentrl/tools/seccomp.py agentrl/sft/*.py
+	agentrl/tools/arg_tags.py agentrl/tools/seccomp.py agentrl/sft/*.py \
+	agentrl/fp8_weights.py agentrl/engine_pool/weights.py agentrl/trainer/weight_sync.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentrl tests bench

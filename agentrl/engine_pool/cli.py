@@ -15,6 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batch-size", type=int, default=32, help="most requests decoded together (32)"
     )
     parser.add_argument("--dtype", default="float32", help="model dtype (default float32)")
+    parser.add_argument(
+        "--fp8-weights",
+        action="store_true",
+        help="compute with blockwise-FP8 (128x128) linear weights, as SGLang serving a "
+        "blockwise-FP8 checkpoint; weight updates may send FP8 weights with weight_scale_inv",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
                 port=args.port,
                 max_batch_size=args.max_batch_size,
                 dtype=args.dtype,
+                fp8_weights=args.fp8_weights,
             )
         )
     return 0

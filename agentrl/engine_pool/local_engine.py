@@ -33,7 +33,11 @@ iteration rebuilds it by prefilling each running request's input ids + tokens so
 cache is emptied by the update, and rows computed before it are never stored: after an update,
 every new token is a function of the new weights and the token ids alone, which is what a trainer
 recomputing log-probs assumes. ``token_weight_versions`` records which weights produced each
-token.
+token. With ``fp8_weights=True`` the engine computes with blockwise-FP8 weights, as an SGLang server
+started from a blockwise-FP8 checkpoint does (`agentrl.fp8_weights`): at start and on every update,
+each linear weight but the LM head's (less ``fp8_ignored``) is rounded through FP8 (128x128 blocks)
+and dequantised to the engine's dtype, so the trainer's mismatch metric shows what FP8 rollout
+weights cost. Updates may send FP8 weights with their ``weight_scale_inv`` or full-precision ones.
 
 Guaranteed: per-request sampling (own ``torch.Generator`` seeded from ``SamplingParams.seed``; see
 `agentrl.engine_pool.sampling` for which distribution log-probs refer to); invalid input ids
@@ -55,6 +59,7 @@ applies to generation, which matters only for models with dropout.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -77,7 +82,8 @@ from agentrl.engine_pool.kv_batch import DecodeBatch
 from agentrl.engine_pool.prefix_cache import PrefixCache
 from agentrl.engine_pool.request_state import EngineStats, RequestState
 from agentrl.engine_pool.sampling import request_generator, sample_next_tokens
-from agentrl.engine_pool.weights import apply_named_tensors
+from agentrl.engine_pool.weights import apply_named_tensors, round_weights_through_fp8
+from agentrl.fp8_weights import fp8_weight_names
 from agentrl.models import load_model, load_tokenizer
 
 T = TypeVar("T")
@@ -91,7 +97,9 @@ class LocalEngine:
     End-of-sequence ids come from ``eos_token_ids``, else ``tokenizer``, else the model reference's
     tokenizer, else the model's generation config. ``prefix_cache_tokens`` bounds the prefix cache
     (``0`` disables it); ``prefix_cache`` may be inspected (while paused, to see a settled state),
-    not modified. Use as ``async with LocalEngine(...) as engine``.
+    not modified. ``fp8_weights`` makes it compute with blockwise-FP8 weights (see the module
+    docstring); a passed model's weights are then rounded in place. Use as
+    ``async with LocalEngine(...) as engine``.
     """
 
     def __init__(
@@ -104,6 +112,8 @@ class LocalEngine:
         eos_token_ids: Iterable[int] | None = None,
         weight_version: int = 0,
         prefix_cache_tokens: int = 65536,
+        fp8_weights: bool = False,
+        fp8_ignored: Sequence[str] = (),
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -112,6 +122,8 @@ class LocalEngine:
         self._model: PreTrainedModel | None = model if isinstance(model, PreTrainedModel) else None
         self._tokenizer = tokenizer
         self._dtype = dtype
+        self._fp8 = (fp8_weights, tuple(fp8_ignored))
+        self._fp8_names: frozenset[str] = frozenset()  # set from the model in start()
         self._eos: frozenset[int] = (
             frozenset(eos_token_ids) if eos_token_ids is not None else frozenset()
         )
@@ -147,6 +159,9 @@ class LocalEngine:
         if not self._eos:
             self._eos = await self._in_worker(self._default_eos)
         self._model.eval()
+        if self._fp8[0]:
+            self._fp8_names = fp8_weight_names(self._model, self._fp8[1])
+            await self._in_worker(round_weights_through_fp8, self._model, self._fp8_names)
         self._vocab_size = self._model.get_input_embeddings().num_embeddings
         self._max_context = getattr(self._model.config, "max_position_embeddings", None)
         self._task = asyncio.create_task(self._schedule(), name="LocalEngine.scheduler")
@@ -221,7 +236,11 @@ class LocalEngine:
         if version < self._weight_version:
             raise ValueError(f"weight version {version} is older than {self._weight_version}")
         async with self._model_lock:
-            await self._in_worker(apply_named_tensors, self.model, named_tensors)
+            await self._in_worker(
+                functools.partial(apply_named_tensors, fp8_names=self._fp8_names),
+                self.model,
+                named_tensors,
+            )
             self._weight_version = version
             self._weights_epoch += 1
             self.prefix_cache.clear()  # computed by the old weights

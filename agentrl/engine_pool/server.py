@@ -413,10 +413,13 @@ async def serve(
     port: int = 30000,
     max_batch_size: int = 32,
     dtype: str = "float32",
+    fp8_weights: bool = False,
     ready: asyncio.Event | None = None,
 ) -> None:
     """Load ``model`` into a :class:`LocalEngine` and serve it until cancelled."""
-    async with LocalEngine(model, max_batch_size=max_batch_size, dtype=dtype) as engine:
+    async with LocalEngine(
+        model, max_batch_size=max_batch_size, dtype=dtype, fp8_weights=fp8_weights
+    ) as engine:
         runner = web.AppRunner(EngineServer(engine, model_path=str(model)).app, access_log=None)
         await runner.setup()
         try:

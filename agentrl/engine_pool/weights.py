@@ -10,6 +10,11 @@ so a bad bucket leaves the model untouched. A call may cover any subset of the p
 arrive in buckets); a name may appear once per call. Values are converted to the parameter's dtype
 and device by ``Tensor.copy_``. Not covered: checking that the buckets of one update together cover
 every parameter; callers that need that compare against :func:`parameter_names`.
+
+Blockwise FP8 (`agentrl.fp8_weights`, SGLang's layout): a call may carry an FP8 ``X.weight`` with
+its ``X.weight_scale_inv`` (both in the same call); the pair is dequantised into ``X.weight``. A
+weight named in ``fp8_names`` that arrives in full precision is rounded through FP8 on load, so an
+engine serving FP8 weights computes with the same values whichever way the sender sent them.
 """
 
 from __future__ import annotations
@@ -20,20 +25,34 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from agentrl.fp8_weights import FP8_DTYPE, dequantize_named_tensors, round_trip
+
 
 def parameter_names(model: nn.Module) -> list[str]:
     """Every name ``apply_named_tensors`` accepts for ``model`` (its ``state_dict`` keys)."""
     return list(model.state_dict(keep_vars=True))
 
 
-def apply_named_tensors(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-    """Copy ``named_tensors`` into ``model`` in place; return how many tensors were loaded.
+def apply_named_tensors(
+    model: nn.Module,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    fp8_names: frozenset[str] = frozenset(),
+) -> int:
+    """Copy ``named_tensors`` into ``model`` in place; return how many weights were loaded (an
+    FP8 weight and its scale count once).
 
     Raises ``ValueError`` naming the offending entries, before anything is copied, when a name is
-    not in the model, appears twice, or a shape differs from the parameter's.
+    not in the model, appears twice, or a shape differs from the parameter's, or an FP8 weight and
+    its scale are not both there.
     """
     targets = model.state_dict(keep_vars=True)  # name -> the live Parameter/buffer
-    updates = list(named_tensors)
+    received = list(named_tensors)
+    arrived_fp8 = {name for name, tensor in received if tensor.dtype == FP8_DTYPE}
+    try:
+        updates = dequantize_named_tensors(received)
+    except ValueError as exc:
+        raise ValueError(f"cannot load weights, nothing was changed: {exc}") from None
     problems: list[str] = []
     seen: set[str] = set()
     for name, tensor in updates:
@@ -55,5 +74,15 @@ def apply_named_tensors(model: nn.Module, named_tensors: Iterable[tuple[str, tor
         raise ValueError(f"cannot load weights, nothing was changed: {shown}{more}")
     with torch.no_grad():
         for name, tensor in updates:
+            if name in fp8_names and name not in arrived_fp8:
+                tensor = round_trip(tensor.to(targets[name].dtype))
             targets[name].copy_(tensor)
     return len(updates)
+
+
+def round_weights_through_fp8(model: nn.Module, names: frozenset[str]) -> None:
+    """Replace each parameter in ``names`` by its blockwise-FP8 round trip, in place."""
+    targets = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name in sorted(names):
+            targets[name].copy_(round_trip(targets[name].detach()))

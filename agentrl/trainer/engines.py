@@ -63,6 +63,7 @@ from agentrl.engine_pool import EnginePool, LocalEngine, SGLangEngine
 from agentrl.engine_pool.engine import Engine
 from agentrl.engine_pool.sglang_engine import free_port, serve_command, sglang_command
 from agentrl.engine_pool.weight_group import WeightUpdateGroup, leave_group
+from agentrl.fp8_weights import fp8_weight_names
 from agentrl.trainer.checkpoint import export_hf
 from agentrl.trainer.weight_sync import DEFAULT_BUCKET_BYTES, sync_weights
 
@@ -179,6 +180,8 @@ async def start_engines(
             tokenizer=tokenizer,
             max_batch_size=max_batch_size,
             prefix_cache_tokens=prefix_cache_tokens,
+            fp8_weights=config.fp8_weights,
+            fp8_ignored=config.fp8_ignored_layers,
         ).start()
         return RolloutEngines(local, config)
     actors: list[Any] = []
@@ -274,6 +277,8 @@ async def _launch_local(
             elif config.kind == "serve":
                 command = serve_command(model_path, port, max_batch_size=max_batch_size)
                 command += ["--dtype", dtype, *config.server_args]
+                if config.fp8_weights:
+                    command.append("--fp8-weights")
             else:
                 command = sglang_command(model_path, port, extra=config.server_args)
             options: dict[str, Any] = {}
@@ -320,7 +325,14 @@ async def sync_engines(
             group = await engines.regroup()
             if group is not None:
                 targets = [_Broadcast(engines, group)]
-    await sync_weights(actor.model, targets, version, bucket_bytes=bucket_bytes)
+    fp8_names = (
+        fp8_weight_names(actor.model, engines.config.fp8_ignored_layers)
+        if engines is not None and engines.config.fp8_weights
+        else None
+    )
+    await sync_weights(
+        actor.model, targets, version, bucket_bytes=bucket_bytes, fp8_names=fp8_names
+    )
 
 
 async def _sync_from_disk(

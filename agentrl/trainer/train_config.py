@@ -155,6 +155,16 @@ class EnginesConfig(Config):
     """Requests one engine serves at once; more wait for a slot."""
     health_interval: float = Field(2.0, gt=0)
     """Seconds between health probes of every engine."""
+    fp8_weights: bool = False
+    """Rollouts with blockwise-FP8 weights (128x128 blocks, SGLang's FP8 checkpoint layout; see
+    `agentrl.fp8_weights`): weight sync sends each linear weight but the LM head's as
+    ``float8_e4m3fn`` with its ``weight_scale_inv``. The embedded engine and ``agentrl serve``
+    (started with ``--fp8-weights``) compute with the dequantised weights; an SGLang server must
+    have been started from a blockwise-FP8 checkpoint. The mismatch metrics then show the cost.
+    Needs ``weight_sync=tensor``."""
+    fp8_ignored_layers: list[str] = Field(default_factory=list)
+    """With ``fp8_weights``: modules (names or name prefixes, SGLang's ``ignored_layers``) whose
+    weights stay in full precision, e.g. ``[model.layers.0]``."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -176,6 +186,13 @@ class EnginesConfig(Config):
                 ) from None
         if self.kind == "embedded" and self.weight_sync != "tensor":
             raise ValueError("the embedded engine takes weights as tensors (weight_sync=tensor)")
+        if self.fp8_weights and self.weight_sync != "tensor":
+            raise ValueError(
+                f"engines.fp8_weights is sent by weight_sync=tensor only, not "
+                f"{self.weight_sync}: FP8 checkpoints on disk and FP8 broadcasts are not built yet"
+            )
+        if self.fp8_ignored_layers and not self.fp8_weights:
+            raise ValueError("engines.fp8_ignored_layers is set but engines.fp8_weights is off")
         return self
 
 

@@ -17,7 +17,10 @@ Two layers, so that every transport shares the gathering:
   bucket from rank 0 for ``/update_weights_from_distributed`` (names, dtypes and shapes per bucket).
 
 What is sent: every parameter once, in its master dtype unless ``dtype`` is given (engines convert
-on load anyway; casting first halves the bytes for bfloat16 engines). Tied parameters go under the
+on load anyway; casting first halves the bytes for bfloat16 engines). With ``fp8_names`` the
+parameters named there go as blockwise-FP8 ``weight`` plus ``weight_scale_inv`` pairs in one
+bucket (`agentrl.fp8_weights`, SGLang's FP8 checkpoint layout), quantised on rank 0 after the
+gather, from the float32 master weights. Tied parameters go under the
 first name ``named_parameters`` yields (``model.embed_tokens.weight`` for SmolLM2; engines that tie
 weights accept either name). Buffers are not sent: training does not change them. Tensors may
 share storage with the model in a one-process job; consumers copy them before the model changes.
@@ -46,6 +49,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from agentrl.engine_pool.engine import Engine
+from agentrl.fp8_weights import quantize_named_tensors
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
@@ -121,6 +125,7 @@ async def sync_weights(
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     dtype: torch.dtype | None = None,
+    fp8_names: frozenset[str] | None = None,
 ) -> SyncReport:
     """Load ``model``'s current weights into ``engines`` as ``version``; call it on every rank.
 
@@ -145,9 +150,11 @@ async def sync_weights(
 
     await on_all("pause")
     buckets = iter_full_state_dict_buckets(model, bucket_bytes=bucket_bytes, dtype=dtype)
+    if fp8_names is not None:
+        fp8_names = frozenset(engine_parameter_name(name) for name in fp8_names)
     device = next(model.parameters()).device
     tensors = nbytes = sent = 0
-    while (bucket := await asyncio.to_thread(_next_bucket, buckets, device)) is not None:
+    while (bucket := await asyncio.to_thread(_next_bucket, buckets, device, fp8_names)) is not None:
         await on_all("update_weights", bucket, version)
         tensors += len(bucket)
         nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
@@ -176,8 +183,14 @@ async def sync_weights(
     )
 
 
-def _next_bucket(buckets: Iterator[Bucket], device: torch.device) -> Bucket | None:
-    """Advance the gather in a worker thread (which must use the model's CUDA device)."""
+def _next_bucket(
+    buckets: Iterator[Bucket], device: torch.device, fp8_names: frozenset[str] | None
+) -> Bucket | None:
+    """Advance the gather in a worker thread (which must use the model's CUDA device), and
+    quantise the bucket's FP8 weights."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    return next(buckets, None)
+    bucket = next(buckets, None)
+    if bucket is None or not fp8_names:
+        return bucket
+    return list(quantize_named_tensors(bucket, fp8_names))

@@ -35,6 +35,7 @@ from test_sglang_http import free_port
 from agentrl.engine_pool.engine import SamplingParams
 from agentrl.engine_pool.sglang_api import encode_named_tensors
 from agentrl.engine_pool.sglang_engine import SGLangEngine
+from agentrl.fp8_weights import dequantize_blockwise, quantize_named_tensors
 
 pytestmark = pytest.mark.slow
 
@@ -421,6 +422,47 @@ async def test_agentrl_tensor_format_is_refused_by_sglangs_unpickler(side_python
     decoded = await asyncio.to_thread(side, side_python, "decode-payloads", {"body": body})
     assert [("error" in entry) for entry in decoded] == [True], decoded
     assert "UnpicklingError" in decoded[0]["error"] or "Blocked" in decoded[0]["error"], decoded
+
+
+async def test_fp8_weights_fit_sglangs_fp8_layers_and_dequantise_to_ours(
+    recording_server, side_python
+):
+    """Blockwise-FP8 weight sync: the pairs agentrl sends, through SGLang's unpickler, into the
+    parameters SGLang's FP8 linear layer registers, and back through SGLang's own dequantisation,
+    give bit for bit the weights `agentrl.fp8_weights` dequantises (what LocalEngine runs)."""
+    generator = torch.Generator().manual_seed(3)
+    shapes = {  # prefix -> (out, in); partial blocks on both sides in the first
+        "model.layers.0.mlp.down_proj": (300, 200),
+        "model.layers.0.self_attn.o_proj": (256, 128),
+        "model.layers.1.mlp.up_proj": (128, 576),
+    }
+    weights = [(f"{p}.weight", torch.randn(s, generator=generator)) for p, s in shapes.items()]
+    bucket = list(quantize_named_tensors(weights, frozenset(n for n, _ in weights)))
+    recording_server.facts["tp_size"] = 1
+    start = len(recording_server.requests)
+    async with SGLangEngine(recording_server.url, tensor_format="sglang") as engine:
+        await engine.update_weights(bucket, version=1)
+    (body,) = [r["body"] for r in recording_server.since(start, "/update_weights_from_tensor")]
+    layers = {p: {"output_partition_sizes": [s[0]], "input_size": s[1]} for p, s in shapes.items()}
+    # SmolLM2's fused q/k/v projection (576 + 192 + 192 outputs): SGLang refuses 128x128 blocks
+    layers["model.layers.0.self_attn.qkv_proj"] = {
+        "output_partition_sizes": [576, 192, 192],
+        "input_size": 576,
+    }
+    result = await asyncio.to_thread(
+        side, side_python, "fp8-layers", {"body": body, "layers": layers}
+    )
+    sent = dict(bucket)
+    for prefix, (rows, cols) in shapes.items():
+        scales = [-(-rows // 128), -(-cols // 128)]
+        layout = {"weight": ["torch.float8_e4m3fn", [rows, cols]]}
+        layout["weight_scale_inv"] = ["torch.float32", scales]
+        assert result[prefix]["params"] == layout, result[prefix]
+        assert result[prefix]["sent"] == layout, result[prefix]
+        ours = dequantize_blockwise(sent[f"{prefix}.weight"], sent[f"{prefix}.weight_scale_inv"])
+        assert result[prefix]["dequantized"] == describe_tensor(f"{prefix}.weight", ours)
+    refusal = result["model.layers.0.self_attn.qkv_proj"]["error"]
+    assert "576 is not divisible by weight quantization block_n = 128" in refusal
 
 
 # -- c. the weight-update process group ------------------------------------------------------

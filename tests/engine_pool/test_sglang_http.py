@@ -4,11 +4,15 @@ engine, session aborts, pause/resume, weight updates by tensor and by disk, and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import json
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -16,8 +20,10 @@ import torch
 from aiohttp import web
 
 from agentrl.engine_pool.engine import EngineError, SamplingParams
+from agentrl.engine_pool.local_engine import LocalEngine
 from agentrl.engine_pool.sglang_engine import SGLangEngine, free_port, serve_command
 from agentrl.engine_pool.weight_group import WeightUpdateGroup
+from agentrl.fp8_weights import quantize_named_tensors, round_trip
 from agentrl.trainer.checkpoint import export_hf
 
 pytestmark = pytest.mark.slow
@@ -36,11 +42,19 @@ def model_dir(smollm2, tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server_url(model_dir, tmp_path_factory):
     """One `agentrl serve` process for the module; tests connect with their own SGLangEngine."""
+    with running_server(model_dir, tmp_path_factory.mktemp("serve") / "serve.log") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_server(model_dir: Path, log: Path, *extra: str) -> Iterator[str]:
+    """An `agentrl serve` process of ``model_dir`` (with ``extra`` arguments) until exit; its URL."""
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "wb") as output:
         process = subprocess.Popen(
-            serve_command(str(model_dir), port), stdout=output, stderr=subprocess.STDOUT
+            [*serve_command(str(model_dir), port), *extra],
+            stdout=output,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -315,3 +329,26 @@ async def test_sglang_payloads_are_one_dump_per_rank_readable_by_an_unrelated_pr
 
 async def test_auto_tensor_format_is_agentrl_for_agentrl_serve(server):
     assert server.tensor_format == "agentrl" and server.server.kind == "agentrl"
+
+
+async def test_serve_with_fp8_weights_takes_fp8_pairs_and_runs_as_the_embedded_engine(
+    model_dir, smollm2, tokenizer, chat_prompt, tmp_path
+):
+    """`agentrl serve --fp8-weights` computes with blockwise-FP8 weights and loads FP8 pairs
+    sent over HTTP: its tokens and log-probs are the in-process FP8 engine's."""
+    name = "model.layers.3.mlp.down_proj.weight"
+    new = smollm2.state_dict()[name] * 1.5
+    bucket = list(quantize_named_tensors([(name, new)], frozenset([name])))
+    with running_server(model_dir, tmp_path / "serve.log", "--fp8-weights") as url:
+        async with SGLangEngine(url) as remote:
+            await remote.update_weights(bucket, version=1)
+            served = await remote.generate(chat_prompt, SAMPLED)
+    model = copy.deepcopy(smollm2)
+    async with LocalEngine(model, tokenizer=tokenizer, fp8_weights=True) as local:
+        assert torch.equal(model.state_dict()[name], round_trip(smollm2.state_dict()[name]))
+        await local.update_weights(bucket, version=1)
+        assert torch.equal(model.state_dict()[name], round_trip(new))
+        expected = await local.generate(chat_prompt, SAMPLED)
+    assert served.token_ids == expected.token_ids  # float rounding: measured up to 1.2e-5
+    assert served.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+    assert served.token_weight_versions == [1] * len(served.token_ids)

@@ -9,6 +9,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from agentrl.engine_pool.weights import apply_named_tensors, parameter_names
+from agentrl.fp8_weights import fp8_weight_names, quantize_blockwise, round_trip, scale_name
 
 
 @pytest.fixture
@@ -62,4 +63,38 @@ def test_bad_entries_are_rejected_before_anything_changes(
     good = ("model.layers.1.mlp.down_proj.weight", torch.ones(32, 64))
     with pytest.raises(ValueError, match=message):
         apply_named_tensors(tiny_llama, iter([good, bad]))
+    assert all(torch.equal(tiny_llama.state_dict()[n], t) for n, t in before.items())
+
+
+def test_an_fp8_weight_and_its_scale_load_dequantised(tiny_llama: LlamaForCausalLM) -> None:
+    name = "model.layers.0.mlp.up_proj.weight"  # (64, 32): one partial 128x128 block
+    new = torch.randn(64, 32)
+    quantized, scale_inv = quantize_blockwise(new)
+    bias = ("model.norm.weight", torch.full((32,), 2.0))
+    loaded = apply_named_tensors(
+        tiny_llama, [(name, quantized), (scale_name(name), scale_inv), bias]
+    )
+    assert loaded == 2
+    assert torch.equal(tiny_llama.state_dict()[name], round_trip(new))
+    assert not torch.equal(round_trip(new), new)
+
+
+def test_fp8_names_arriving_in_full_precision_are_rounded(tiny_llama: LlamaForCausalLM) -> None:
+    names = fp8_weight_names(tiny_llama)
+    assert "model.layers.0.self_attn.q_proj.weight" in names
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" not in names
+    fp8, full = "model.layers.1.mlp.down_proj.weight", "model.norm.weight"
+    new_fp8, new_full = torch.randn(32, 64), torch.randn(32)
+    apply_named_tensors(tiny_llama, [(fp8, new_fp8), (full, new_full)], fp8_names=names)
+    assert torch.equal(tiny_llama.state_dict()[fp8], round_trip(new_fp8))
+    assert torch.equal(tiny_llama.state_dict()[full], new_full)
+
+
+def test_an_fp8_weight_without_its_scale_changes_nothing(tiny_llama: LlamaForCausalLM) -> None:
+    before = snapshot(tiny_llama)
+    name = "model.layers.0.mlp.up_proj.weight"
+    quantized, _ = quantize_blockwise(torch.randn(64, 32))
+    good = ("model.norm.weight", torch.ones(32))
+    with pytest.raises(ValueError, match="nothing was changed: unpaired blockwise FP8"):
+        apply_named_tensors(tiny_llama, [good, (name, quantized)])
     assert all(torch.equal(tiny_llama.state_dict()[n], t) for n, t in before.items())

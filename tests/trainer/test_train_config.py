@@ -105,6 +105,14 @@ def test_engines_section_is_checked():
         TrainConfig.load(None, ["engines.weight_sync=broadcast"])
     with pytest.raises(ConfigError, match="kind"):
         TrainConfig.load(None, ["engines.kind=vllm"])
+    fp8 = TrainConfig.load(None, ["engines.fp8_weights=true", "engines.fp8_ignored_layers=[a]"])
+    assert fp8.engines.fp8_weights and fp8.engines.fp8_ignored_layers == ["a"]
+    with pytest.raises(ConfigError, match=r"fp8_weights is sent by weight_sync=tensor only"):
+        TrainConfig.load(
+            None, ["engines.kind=serve", "engines.fp8_weights=true", "engines.weight_sync=disk"]
+        )
+    with pytest.raises(ConfigError, match=r"fp8_ignored_layers is set but .*fp8_weights is off"):
+        TrainConfig.load(None, ["engines.fp8_ignored_layers=[a]"])
 
 
 def test_a_server_command_template_is_checked():

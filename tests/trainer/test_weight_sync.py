@@ -18,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from agentrl.engine_pool.engine import SamplingParams
 from agentrl.engine_pool.local_engine import LocalEngine
 from agentrl.engine_pool.weights import apply_named_tensors
+from agentrl.fp8_weights import fp8_weight_names, round_trip, scale_name
 from agentrl.trainer.actor import Actor, ActorConfig
 from agentrl.trainer.distributed import DistInfo
 from agentrl.trainer.logprobs import token_logprobs
@@ -119,3 +120,35 @@ async def test_an_engine_that_rejects_a_bucket_is_named_and_the_others_updated(
             assert torch.equal(tensor, before[name]), name  # all-or-nothing per bucket
         result = await good.generate(PROMPT, SamplingParams(temperature=0, max_new_tokens=2))
         assert result.token_weight_versions == [3, 3]  # resumed, serving the new weights
+
+
+async def test_fp8_sync_sends_sglang_pairs_and_the_engine_holds_the_rounded_weights(
+    dist_info: DistInfo,
+) -> None:
+    actor = Actor(tiny_llama(), ActorConfig(lr=1e-3))
+    actor.train_step(global_batch(64)[:2], nll_loss)
+    names = fp8_weight_names(actor.model)
+    assert names == fp8_weight_names(tiny_llama()) and len(names) == 14
+    received: list[tuple[str, torch.Tensor]] = []
+    async with LocalEngine(tiny_llama(), eos_token_ids=[0], fp8_weights=True) as engine:
+        real_update = engine.update_weights
+
+        async def recording_update(bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
+            received.extend(bucket)
+            await real_update(bucket, version)
+
+        engine.update_weights = recording_update  # type: ignore[method-assign]
+        report = await sync_weights(actor.model, [engine], version=1, fp8_names=names)
+        trained = {n: t for b in iter_full_state_dict_buckets(actor.model) for n, t in b}
+        assert report.tensors == len(trained) + len(names)
+        sent = dict(received)
+        for name, tensor in trained.items():
+            if name in names:
+                assert sent[name].dtype == torch.float8_e4m3fn
+                assert sent[scale_name(name)].dtype == torch.float32
+                expected = round_trip(tensor)
+            else:
+                assert sent[name].dtype == torch.float32
+                expected = tensor
+            assert torch.equal(engine.model.state_dict()[name], expected), name
+        assert report.bytes < sum(t.numel() * 4 for t in trained.values()) * 0.75

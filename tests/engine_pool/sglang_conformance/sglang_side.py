@@ -33,6 +33,18 @@ against one server, so a ``/pause_generation`` holds the requests after it as on
     as ``WeightUpdater.update_weights_from_tensor`` does. ``"pickle"`` decodes the same bytes with
     the plain ``pickle`` loader instead, for comparison. Per entry: the tensors (name, dtype, shape,
     float64 sum, first values, sha256 of the bytes) or the exact error.
+``fp8-layers`` (stdin: ``{"body": <an /update_weights_from_tensor body>, "layers": {prefix:
+{"output_partition_sizes": [...], "input_size": K}}}``)
+    Checks tensors sent in blockwise-FP8 form against SGLang's FP8 linear layer. The body is
+    decoded as ``decode-payloads`` does (TP rank 0). For each layer, SGLang's
+    ``Fp8LinearMethod.create_fp8_weight_`` registers the parameters a layer of that shape has under
+    ``Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128]})`` (the config of a blockwise-FP8 checkpoint), or refuses the
+    shape. Then ``<prefix>.weight`` and ``<prefix>.weight_scale_inv`` from the body are copied into
+    those parameters (a replicated layer's weight loader copies whole tensors), and SGLang's
+    ``block_quant_dequant`` turns them back into float32. Per layer: ``params`` (name -> [dtype,
+    shape] as SGLang registers them), ``sent`` (the same for the body's tensors), ``dequantized``
+    (``describe_tensor``), or ``error`` (SGLang's refusal).
 ``join-group --master-address A --master-port P --world-size W --rank R --group-name G``
     Joins a weight-update group as an SGLang server's TP rank does
     (``WeightUpdater.init_weights_update_group``): ``init_custom_process_group(backend=...,
@@ -517,6 +529,68 @@ def decode_payloads(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return results
 
 
+def fp8_layers(spec: dict[str, Any]) -> dict[str, Any]:
+    import pydantic
+    import torch
+    from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
+    from sglang.srt.layers.quantization.fp8_utils import block_quant_dequant
+    from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+    from sglang.srt.model_executor.model_runner_components.weight_updater import _unwrap_tensor
+    from sglang.srt.utils.common import (
+        MultiprocessingSerializer,
+        normalize_serialized_named_tensor_payloads,
+    )
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    request = pydantic.TypeAdapter(UpdateWeightsFromTensorReqInput).validate_python(spec["body"])
+    payload = normalize_serialized_named_tensor_payloads(request.serialized_named_tensors)[0]
+    monkey_patch_torch_reductions()
+    data = MultiprocessingSerializer.deserialize(payload)
+    items = list(data.items()) if isinstance(data, dict) else list(data)
+    sent = {str(name): _unwrap_tensor(t, tp_rank=0, device="cpu") for name, t in items}
+    config = Fp8Config.from_config(
+        {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    )
+    results: dict[str, Any] = {}
+    for prefix, shape in spec["layers"].items():
+        layer = torch.nn.Module()
+        layer.tp_group = None  # tensor parallel size 1
+        partitions = list(shape["output_partition_sizes"])
+        try:
+            Fp8LinearMethod.create_fp8_weight_(
+                layer,
+                block_quant=True,
+                quant_config=config,
+                use_mxfp8=False,
+                output_size_per_partition=sum(partitions),
+                input_size_per_partition=shape["input_size"],
+                output_partition_sizes=partitions,
+                input_size=shape["input_size"],
+                output_size=sum(partitions),
+                params_dtype=torch.bfloat16,
+                weight_loader=None,
+                is_checkpoint_fp8_serialized=config.is_checkpoint_fp8_serialized,
+            )
+        except Exception as exc:
+            results[prefix] = {"error": _error_text(exc)}
+            continue
+        params = dict(layer.named_parameters())
+        described = {
+            "params": {n: [str(p.dtype), list(p.shape)] for n, p in params.items()},
+            "sent": {},
+        }
+        for name in params:
+            tensor = sent[f"{prefix}.{name}"]
+            described["sent"][name] = [str(tensor.dtype), list(tensor.shape)]
+            params[name].data.copy_(tensor)
+        weight = block_quant_dequant(
+            params["weight"].data, params["weight_scale_inv"].data, [128, 128], torch.float32
+        )
+        described["dequantized"] = describe_tensor(f"{prefix}.weight", weight)
+        results[prefix] = described
+    return results
+
+
 # -- join-group ---------------------------------------------------------------------------------
 
 
@@ -574,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("check-requests")
     commands.add_parser("decode-payloads")
+    commands.add_parser("fp8-layers")
     join = commands.add_parser("join-group")
     join.add_argument("--master-address", required=True)
     join.add_argument("--master-port", type=int, required=True)
@@ -592,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = json.load(sys.stdin)
             if args.command == "check-requests":
                 answer: Any = check_requests(spec)
+            elif args.command == "fp8-layers":
+                answer = fp8_layers(spec)
             else:
                 answer = decode_payloads(spec)
             if "torchvision" in sys.modules:  # the placeholder must stay private to two modules
