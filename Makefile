@@ -37,6 +37,7 @@ test: export DOCKER_HOST ?= unix:///run/podman/podman.sock
 test: $(STAMP) lint
 	sandboxes/setup.sh all
 	PYTHON=$(PYTHON) scripts/setup-sglang-env
+	scripts/setup-torchao-env
 	$(BIN)/python -m pytest -q --durations=25
 
 # The modules the type checker holds to account (the rest of the package is not mypy-clean yet).
@@ -52,7 +53,8 @@ TYPED := agentrl/engine_pool/engine.py agentrl/engine_pool/sglang_api.py \
 	agentrl/tools/retrieval_corpus.py agentrl/tools/retriever_cli.py agentrl/envs/search/*.py \
 	agentrl/envs/data_files.py agentrl/envs/swe/*.py agentrl/envs/swe/taskgen/*.py \
 	agentrl/tools/arg_tags.py agentrl/tools/seccomp.py agentrl/sft/*.py \
-	agentrl/fp8_weights.py agentrl/engine_pool/weights.py agentrl/trainer/weight_sync.py
+	agentrl/fp8_weights.py agentrl/engine_pool/weights.py agentrl/trainer/weight_sync.py \
+	agentrl/trainer/fp8_training.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentrl tests bench

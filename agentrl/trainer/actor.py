@@ -29,6 +29,7 @@ waiting in a collective; the launcher's timeout ends them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, Self, TypeVar
 
@@ -45,6 +46,7 @@ from transformers import PreTrainedModel
 from agentrl.config import Config
 from agentrl.trainer.distributed import DistInfo, all_reduce_sum, current_dist_info
 from agentrl.trainer.distributed import data_parallel_mesh as make_mesh
+from agentrl.trainer.fp8_training import FP8Recipe, after_optimizer_step, convert_to_fp8_training
 from agentrl.trainer.optim import LRSchedule, build_adamw, build_lr_scheduler
 
 B = TypeVar("B")
@@ -85,6 +87,37 @@ class ActorConfig(Config):
     reshard_after_forward: bool = True
     """Free each layer's gathered parameters after its forward (gather again in backward); ``False``
     keeps them, trading memory for one all-gather per layer less."""
+    fp8: FP8Recipe = "off"
+    """FP8 training (`agentrl.trainer.fp8_training`): torchao converts the linear layers chosen by
+    ``fp8_exclude`` and ``fp8_min_features`` to float8 matmuls with dynamic scales per tensor
+    (``tensorwise``: weights all-gathered in float8) or per row (``rowwise``: all-gathered in
+    bf16). Needs torchao (``pip install 'agentrl[gpu]'``) and a CUDA GPU of compute capability
+    8.9+ (H100, H200, L4, L40), unless ``fp8_emulate``."""
+    fp8_emulate: bool = False
+    """With ``fp8``: torchao's emulation (the float8 casts and scales, matmuls in high precision)
+    instead of FP8 kernels; runs on any device, with no speed-up: for tests and debugging."""
+    fp8_exclude: list[str] = Field(default_factory=lambda: ["lm_head"])
+    """With ``fp8``: regular expressions; a linear layer whose module name matches one stays in
+    bf16 (default: the LM head, whose logits make the log-probs). Embeddings are never converted."""
+    fp8_min_features: int = Field(1024, ge=16)
+    """With ``fp8``: a linear layer with fewer input or output features stays in bf16 (small
+    matmuls gain less from FP8 than its casts cost); sizes must also be multiples of 16."""
+
+    @model_validator(mode="after")
+    def _check_fp8(self) -> Self:
+        options = {"fp8_emulate": self.fp8_emulate, "fp8_exclude": self.fp8_exclude != ["lm_head"]}
+        options["fp8_min_features"] = self.fp8_min_features != 1024
+        stray = [f"actor.{name}" for name, changed in options.items() if changed]
+        if self.fp8 == "off" and stray:
+            raise ValueError(f"{' and '.join(stray)} set with actor.fp8=off")
+        for pattern in self.fp8_exclude:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"actor.fp8_exclude: {pattern!r} is no regular expression: {exc}"
+                ) from None
+        return self
 
     @model_validator(mode="after")
     def _check_schedule(self) -> Self:
@@ -126,7 +159,9 @@ def shard_model(model: PreTrainedModel, mesh: DeviceMesh, config: ActorConfig) -
     Works in place (the parameters become ``DTensor`` shards on the mesh's device) and returns
     ``model``. Every rank must start from the same weights.
     """
-    policy = mixed_precision_policy(config, torch.device(mesh.device_type))
+    device = torch.device(mesh.device_type)
+    policy = mixed_precision_policy(config, device)
+    convert_to_fp8_training(model, config, device)  # before sharding: torchao's requirement
     for layer in decoder_layers(model):
         if config.activation_checkpointing:
             checkpoint(layer)  # composable form: parameter names stay unchanged
@@ -237,6 +272,7 @@ class Actor:
             grad_norm = self._clip_grads()
             lr = self.lr
             self.optimizer.step()
+            after_optimizer_step(self.model, self.config.fp8)
             if end_step:
                 self.scheduler.step()
                 self.step += 1

@@ -34,6 +34,7 @@ from agentrl.engine_pool.local_engine import LocalEngine
 from agentrl.models import load_model
 from agentrl.trainer.actor import Actor, ActorConfig
 from agentrl.trainer.distributed import DistInfo, distributed
+from agentrl.trainer.fp8_training import FP8Recipe
 from agentrl.trainer.logprobs import token_logprobs
 from agentrl.trainer.weight_sync import iter_full_state_dict_buckets, sync_weights
 
@@ -112,12 +113,17 @@ def load(model: str) -> PreTrainedModel:
     return tiny_llama() if model == "tiny" else load_model(model)
 
 
-def actor_config(model: str, activation_checkpointing: bool = False) -> ActorConfig:
+def actor_config(
+    model: str, activation_checkpointing: bool = False, fp8: FP8Recipe = "off"
+) -> ActorConfig:
+    """The run's config; ``fp8`` other than off emulates FP8 on every linear layer but the head."""
+    fp8_options = {"fp8": fp8, "fp8_emulate": True, "fp8_min_features": 16} if fp8 != "off" else {}
     return ActorConfig(
         lr=1e-2 if model == "tiny" else 1e-4,
         warmup_steps=2,
         max_grad_norm=1.0,
         activation_checkpointing=activation_checkpointing,
+        **fp8_options,
     )
 
 
@@ -155,12 +161,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default="tiny", help="'tiny' or a model reference (smollm2)")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--fp8", default="off", choices=["off", "tensorwise", "rowwise"])
     args = parser.parse_args()
 
     with distributed() as info:
         model = load(args.model)
         vocab = model.config.vocab_size
-        actor = Actor(model, actor_config(args.model), dist_info=info)
+        actor = Actor(model, actor_config(args.model, fp8=args.fp8), dist_info=info)
         mine = global_batch(vocab)[info.rank :: info.world_size]
         metrics = [actor.train_step(mine, nll_loss) for _ in range(args.steps)]
         params = {n: t.clone() for b in iter_full_state_dict_buckets(actor.model) for n, t in b}
@@ -171,6 +178,9 @@ def main() -> None:
             args.out.mkdir(parents=True, exist_ok=True)
             result = {"metrics": metrics, "sync": synced["report"], "errors": errors}
             result["engine_version"] = synced["version"]
+            result["fp8_layers"] = [
+                n for n, m in actor.model.named_modules() if type(m).__name__ == "Float8Linear"
+            ]
             (args.out / "result.json").write_text(json.dumps(result, indent=1))
             torch.save(params, args.out / "params.pt")
             torch.save({"actor": logprobs, "engine": synced["lp"]}, args.out / "logprobs.pt")
