@@ -1,6 +1,7 @@
 """Rollout throughput: async episodes vs a turn-synchronous baseline, with simulated tool latency.
 
-Three runs over the same episodes (same prompts, seeds and engine, SmolLM2 on the CPU):
+Three runs over the same episodes (same prompts, seeds and engine: SmolLM2 on the CPU, or on a GPU
+with ``--device cuda``, where the engine is fast enough for the tool latency to dominate):
 
 1. **turn-synchronous** (as older frameworks do): every active environment generates, all wait for the
    whole batch, then every environment steps, all wait for the slowest tool, and so on.
@@ -17,6 +18,7 @@ generated tokens/s of each run and the ratios async/sync (target >= 3x) and asyn
 (target >= 0.8).
 
     python -m bench.bench_rollout [--episodes 48] [--turns 3] [--max-new-tokens 32]
+    python -m bench.bench_rollout --device cuda --dtype bfloat16 --episodes 256
 """
 
 from __future__ import annotations
@@ -101,7 +103,15 @@ async def main(args: argparse.Namespace) -> None:
     def env_maker(latency: float):
         return lambda: ToolLatencyEnv(args.turns, latency, args.latency)
 
-    async with LocalEngine("smollm2", tokenizer=tokenizer, max_batch_size=args.episodes) as engine:
+    engine = LocalEngine(
+        "smollm2",
+        tokenizer=tokenizer,
+        max_batch_size=args.episodes,
+        dtype=args.dtype,
+        device=args.device,
+    )
+    print(f"engine: SmolLM2 in {args.dtype} on {args.device}, {args.episodes} episodes")
+    async with engine:
         await engine.generate(tokenizer.encode("warm up"), SamplingParams(max_new_tokens=4))
         runs = [
             ("turn-synchronous", turn_synchronous, args.mean_latency),
@@ -134,4 +144,6 @@ if __name__ == "__main__":
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--mean-latency", type=float, default=0.5)
     parser.add_argument("--latency", choices=["exponential", "fixed"], default="exponential")
+    parser.add_argument("--device", default="cpu", help='"cpu" (default) or "cuda"')
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     asyncio.run(main(parser.parse_args()))

@@ -16,6 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", default="float32", help="model dtype (default float32)")
     parser.add_argument(
+        "--device", default="cpu", help='where the model runs: "cpu" (default), "cuda", "cuda:1"'
+    )
+    parser.add_argument(
         "--fp8-weights",
         action="store_true",
         help="compute with blockwise-FP8 (128x128) linear weights, as SGLang serving a "
@@ -35,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
                 max_batch_size=args.max_batch_size,
                 dtype=args.dtype,
                 fp8_weights=args.fp8_weights,
+                device=args.device,
             )
         )
     return 0

@@ -82,6 +82,9 @@ class DecodeBatch:
             attention_mask[row, depth + width - len(context) :] = 1
         new_mask = attention_mask[:, depth:]  # (B, S)
         position_ids = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(past).unsqueeze(1)
+        device = model.device  # built on the CPU, moved once
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        position_ids = position_ids.to(device)
         cache = DynamicCache(config=model.config)
         unsupported = [type(layer).__name__ for layer in cache.layers if not _is_full(layer)]
         if unsupported:
@@ -110,8 +113,9 @@ class DecodeBatch:
         """Feed one token per row; return the ``(B, V)`` logits of the following token."""
         if len(token_ids) != self.size:
             raise ValueError(f"step got {len(token_ids)} tokens for {self.size} rows")
-        input_ids = torch.tensor(token_ids, dtype=torch.long).unsqueeze(1)  # (B, 1)
-        ones = torch.ones((self.size, 1), dtype=torch.long)
+        device = self.attention_mask.device
+        input_ids = torch.tensor(token_ids, dtype=torch.long, device=device).unsqueeze(1)  # (B, 1)
+        ones = torch.ones((self.size, 1), dtype=torch.long, device=device)
         self.attention_mask = torch.cat([self.attention_mask, ones], dim=1)  # (B, L + 1)
         out = model(
             input_ids=input_ids,
@@ -139,7 +143,7 @@ class DecodeBatch:
         """Keep only ``rows`` (in that order) and drop the padding columns no kept row needs."""
         if not rows:
             raise ValueError("select needs at least one row; drop the batch instead")
-        index = torch.tensor(rows, dtype=torch.long)
+        index = torch.tensor(rows, dtype=torch.long, device=self.attention_mask.device)
         mask = self.attention_mask[index]  # (B', L)
         start = int(mask.any(0).long().argmax())  # first column some kept row attends to
         self.attention_mask = mask[:, start:]

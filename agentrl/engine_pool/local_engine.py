@@ -97,7 +97,9 @@ class LocalEngine:
     End-of-sequence ids come from ``eos_token_ids``, else ``tokenizer``, else the model reference's
     tokenizer, else the model's generation config. ``prefix_cache_tokens`` bounds the prefix cache
     (``0`` disables it); ``prefix_cache`` may be inspected (while paused, to see a settled state),
-    not modified. ``fp8_weights`` makes it compute with blockwise-FP8 weights (see the module
+    not modified. ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) is where the model, its inputs,
+    KV cache and sampling live; by default a loaded model stays where it is and a loaded reference
+    goes to the CPU. ``fp8_weights`` makes it compute with blockwise-FP8 weights (see the module
     docstring); a passed model's weights are then rounded in place. Use as
     ``async with LocalEngine(...) as engine``.
     """
@@ -114,6 +116,7 @@ class LocalEngine:
         prefix_cache_tokens: int = 65536,
         fp8_weights: bool = False,
         fp8_ignored: Sequence[str] = (),
+        device: str | torch.device | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -122,6 +125,7 @@ class LocalEngine:
         self._model: PreTrainedModel | None = model if isinstance(model, PreTrainedModel) else None
         self._tokenizer = tokenizer
         self._dtype = dtype
+        self._device = torch.device(device) if device is not None else None
         self._fp8 = (fp8_weights, tuple(fp8_ignored))
         self._fp8_names: frozenset[str] = frozenset()  # set from the model in start()
         self._eos: frozenset[int] = (
@@ -156,6 +160,9 @@ class LocalEngine:
             return self
         if self._model is None:
             self._model = await self._in_worker(load_model, self._source, self._dtype)
+        if self._device is not None and self._model.device != self._device:
+            self._model = await self._in_worker(self._model.to, self._device)
+        self._device = self._model.device
         if not self._eos:
             self._eos = await self._in_worker(self._default_eos)
         self._model.eval()
@@ -218,7 +225,7 @@ class LocalEngine:
             session_id=session_id,
             input_ids=ids,
             sampling=sampling,
-            generator=request_generator(sampling),
+            generator=request_generator(sampling, self.model.device),
             future=asyncio.get_running_loop().create_future(),
         )
         self._waiting.append(request)

@@ -64,11 +64,15 @@ def filtered_probs(scaled_logits: torch.Tensor, top_k: int, top_p: float) -> tor
     return probs
 
 
-def request_generator(sampling: SamplingParams) -> torch.Generator | None:
-    """A request's own generator, seeded from ``sampling.seed`` (or randomly); None if greedy."""
+def request_generator(
+    sampling: SamplingParams, device: torch.device | str = "cpu"
+) -> torch.Generator | None:
+    """A request's own generator on ``device`` (where its logits are), seeded from
+    ``sampling.seed`` (or randomly); None if greedy. A seed gives the same tokens on the same
+    kind of device only: CUDA's random streams differ from the CPU's."""
     if sampling.greedy:
         return None
-    generator = torch.Generator()
+    generator = torch.Generator(device=device)
     if sampling.seed is None:
         generator.seed()
     else:
@@ -90,7 +94,9 @@ def sample_next_tokens(
         raise ValueError(
             f"{logits.shape[0]} logit rows, {len(params)} params, {len(generators)} generators"
         )
-    temperatures = torch.tensor([logprob_temperature(p.temperature) for p in params])
+    temperatures = torch.tensor(
+        [logprob_temperature(p.temperature) for p in params], device=logits.device
+    )
     scaled = logits.float() / temperatures.unsqueeze(1)  # (B, V): one pass for every row
     probs = torch.softmax(scaled, dim=-1)  # (B, V)
     tokens: list[int] = []
@@ -104,6 +110,7 @@ def sample_next_tokens(
         if 0 < sampling.top_k < row_probs.numel() or sampling.top_p < 1.0:
             row_probs = filtered_probs(scaled[row], sampling.top_k, sampling.top_p)
         tokens.append(int(torch.multinomial(row_probs, 1, generator=generator)))
-    picked = scaled.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)  # (B,)
+    index = torch.tensor(tokens, device=logits.device).unsqueeze(1)  # (B, 1)
+    picked = scaled.gather(1, index).squeeze(1)  # (B,)
     logprobs = picked - torch.logsumexp(scaled, dim=-1)  # temperature_logprobs, batched
     return tokens, logprobs.tolist()

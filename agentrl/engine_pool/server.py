@@ -414,11 +414,12 @@ async def serve(
     max_batch_size: int = 32,
     dtype: str = "float32",
     fp8_weights: bool = False,
+    device: str = "cpu",
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Load ``model`` into a :class:`LocalEngine` and serve it until cancelled."""
+    """Load ``model`` into a :class:`LocalEngine` on ``device`` and serve it until cancelled."""
     async with LocalEngine(
-        model, max_batch_size=max_batch_size, dtype=dtype, fp8_weights=fp8_weights
+        model, max_batch_size=max_batch_size, dtype=dtype, fp8_weights=fp8_weights, device=device
     ) as engine:
         runner = web.AppRunner(EngineServer(engine, model_path=str(model)).app, access_log=None)
         await runner.setup()

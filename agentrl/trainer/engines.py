@@ -171,8 +171,10 @@ async def start_engines(
     output_dir: Path,
     max_batch_size: int,
     prefix_cache_tokens: int,
+    engine_device: torch.device | None = None,
 ) -> RolloutEngines:
-    """Start (or connect to) the engines of ``config``; call it on the first rank only."""
+    """Start (or connect to) the engines of ``config``; call it on the first rank only. The
+    embedded engine runs on ``engine_device`` (the first rank's device: on a GPU, beside it)."""
     if config.kind == "embedded":
         assert engine_model is not None
         local = await LocalEngine(
@@ -182,6 +184,7 @@ async def start_engines(
             prefix_cache_tokens=prefix_cache_tokens,
             fp8_weights=config.fp8_weights,
             fp8_ignored=config.fp8_ignored_layers,
+            device=engine_device,
         ).start()
         return RolloutEngines(local, config)
     actors: list[Any] = []

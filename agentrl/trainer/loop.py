@@ -177,6 +177,7 @@ class Trainer:
                     engine_model=engine_model,
                     tokenizer=self.tokenizer,
                     engine_dtype=self.engine_dtype,
+                    engine_device=self.dist.device,
                     output_dir=self.output_dir,
                     max_batch_size=cfg.rollout.engine_batch_size,
                     prefix_cache_tokens=cfg.rollout.prefix_cache_tokens,

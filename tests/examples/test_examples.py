@@ -32,11 +32,13 @@ def test_the_sft_example_is_a_valid_sft_config():
     assert str(config.data.path) == "runs/demo/demos.jsonl" and config.trainer.steps == 16
 
 
-def test_the_gpu_example_is_a_valid_config():
+def test_the_gpu_examples_are_valid_configs():
     from agentrl.trainer.train_config import TrainConfig
 
     config = TrainConfig.load(ROOT / "examples" / "math_sglang_gpu.yaml")
     assert config.engines.kind == "sglang" and config.engines.weight_sync == "broadcast"
+    fp8 = TrainConfig.load(ROOT / "examples" / "math_tool_grpo_gpu.yaml")
+    assert fp8.actor.fp8 == "tensorwise" and fp8.engines.fp8_weights
 
 
 @pytest.mark.timeout(600)

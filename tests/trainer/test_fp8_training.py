@@ -165,3 +165,16 @@ def test_weight_sync_sends_plain_float32_master_weights(jobs: dict, job: tuple[s
 
 def _projections() -> list[tuple[str, str]]:
     return [("self_attn" if p[0] in "qkvo" else "mlp", p) for p in PROJECTIONS]
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_its_three_modes_on_a_cpu() -> None:
+    """bench/bench_fp8_training.py, shrunk (tiny model, emulated FP8): the script works end to end;
+    its numbers mean something on an H100/H200 only."""
+    command = [str(TORCHAO_PYTHON), "-m", "bench.bench_fp8_training", "--config", "tiny"]
+    command += ["--emulate", "--steps", "2", "--warmup", "1", "--seq-len", "32", "--batch", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    assert [line.split()[0] for line in lines[1:4]] == ["bf16", "tensorwise", "rowwise"]
+    assert lines[-2].startswith("tensorwise / bf16 = ") and lines[-1].startswith("rowwise / bf16")
