@@ -88,6 +88,11 @@ class SandboxPool:
         self._closed = False
         self.stats = PoolStats()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        """The pool itself: it is a live resource shared by reference (gymnasium deep-copies an
+        environment's spec, whose kwargs may hold the pool, for every wrapper)."""
+        return self
+
     async def __aenter__(self) -> Self:
         for _ in range(self._warm):
             self._spawn(self._refill(), self._refills)

@@ -195,6 +195,20 @@ async def test_concurrent_episodes_share_one_sandbox_pool():
         assert pool.stats.served == 6 + 6  # one tool sandbox and one grading sandbox per episode
 
 
+async def test_gymnasium_make_takes_a_shared_sandbox_pool():
+    """A pool passed through gymnasium.make stays one shared pool: the spec gymnasium builds (and
+    deep-copies for every wrapper) refers to it instead of copying its live sandboxes."""
+    async with SandboxPool(sandbox_factory("bwrap"), warm=1) as pool:
+        env = gymnasium.make("agentrl/Code-v0", mode="multi", sandbox_pool=pool)
+        assert env.spec.kwargs["sandbox_pool"] is pool
+        assert env.unwrapped.grading_sandboxes is pool
+        await env.unwrapped.areset(options={"index": 0})
+        _, reward, terminated, _, _ = await env.unwrapped.astep(RIGHT)
+        assert (reward, terminated) == (1.0, True)
+        await env.unwrapped.aclose()
+        assert pool.stats.served == 1  # the grading sandbox came from this pool
+
+
 @pytest.mark.slow
 def test_multi_turn_episode_with_the_container_backend(start):
     env = start(mode="multi", sandbox="container")
