@@ -53,7 +53,7 @@ TYPED := agentrl/engine_pool/engine.py agentrl/engine_pool/sglang_api.py \
 	agentrl/tools/retrieval_corpus.py agentrl/tools/retriever_cli.py agentrl/envs/search/*.py \
 	agentrl/envs/data_files.py agentrl/envs/swe/*.py agentrl/envs/swe/taskgen/*.py \
 	agentrl/tools/arg_tags.py agentrl/tools/seccomp.py agentrl/sft/*.py \
-	agentrl/fp8_weights.py agentrl/engine_pool/weights.py agentrl/trainer/weight_sync.py \
+	agentrl/fp8_weights.py agentrl/cache.py agentrl/engine_pool/weights.py agentrl/trainer/weight_sync.py \
 	agentrl/trainer/fp8_training.py
 
 lint: $(STAMP)

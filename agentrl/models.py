@@ -31,6 +31,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentrl.cache import cache_root, hash_file
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -100,13 +102,8 @@ def converted_gguf(gguf: Path, cache_dir: str | Path | None = None) -> Path:
     import transformers
 
     digest = hashlib.sha256(transformers.__version__.encode())
-    with open(gguf, "rb") as data:
-        for block in iter(lambda: data.read(1 << 22), b""):
-            digest.update(block)
-    root = Path(
-        cache_dir or os.environ.get("AGENTRL_CACHE_DIR") or Path.home() / ".cache" / "agentrl"
-    )
-    directory = root / "models" / f"{gguf.stem}-{digest.hexdigest()[:16]}"
+    hash_file(digest, gguf)
+    directory = cache_root(cache_dir) / "models" / f"{gguf.stem}-{digest.hexdigest()[:16]}"
     if (directory / CONVERTED_MARKER).is_file():
         return directory
     directory.parent.mkdir(parents=True, exist_ok=True)

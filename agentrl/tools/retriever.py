@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -43,6 +42,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
+from agentrl.cache import cache_root, hash_file
 from agentrl.tools.retrieval_corpus import CorpusFormat, read_corpus
 
 IndexKind = Literal["bm25", "dense"]
@@ -322,15 +322,12 @@ def cached_index(
     if not corpus.is_file():
         raise FileNotFoundError(f"corpus file not found: {corpus}")
     digest = hashlib.sha256()
-    with open(corpus, "rb") as data:
-        for block in iter(lambda: data.read(1 << 20), b""):
-            digest.update(block)
+    hash_file(digest, corpus)
     key = json.dumps([INDEX_FORMAT, kind, corpus_format, options], sort_keys=True, default=str)
     digest.update(key.encode())
-    root = Path(
-        cache_dir or os.environ.get("AGENTRL_CACHE_DIR") or Path.home() / ".cache" / "agentrl"
+    directory = (
+        cache_root(cache_dir) / "retriever" / f"{corpus.stem}-{kind}-{digest.hexdigest()[:16]}"
     )
-    directory = root / "retriever" / f"{corpus.stem}-{kind}-{digest.hexdigest()[:16]}"
     if not (directory / INDEX_FILE).is_file():
         try:
             build_index(corpus, directory, kind=kind, corpus_format=corpus_format, **options)
