@@ -51,7 +51,7 @@ import random
 import re
 import shutil
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from agentrl.fp8_weights import fp8_weight_names, quantize_named_tensors, sglang_quantization_config
 from agentrl.trainer.actor import Actor
 from agentrl.trainer.weight_sync import engine_parameter_name
 
@@ -309,6 +310,8 @@ def export_hf(
     out_dir: str | Path,
     *,
     dtype: torch.dtype | None = None,
+    fp8: bool = False,
+    fp8_ignored: Sequence[str] = (),
 ) -> Path:
     """Collective. Write the current weights as a Hugging Face model directory; returns ``out_dir``.
 
@@ -318,7 +321,11 @@ def export_hf(
     original architecture name and ``dtype``), ``generation_config.json``, safetensors and, unless
     ``tokenizer`` is ``None``, the tokenizer files with its chat template. Floating-point weights
     are cast to ``dtype`` if given. Tied weights are written once, under the first name
-    ``named_parameters`` yields (``from_pretrained`` ties them again).
+    ``named_parameters`` yields (``from_pretrained`` ties them again). With ``fp8`` the linear
+    weights (but the LM head's and those of ``fp8_ignored``) are written as blockwise FP8 with their
+    ``weight_scale_inv``, and ``config.json`` gets the ``quantization_config`` of SGLang's FP8
+    checkpoints (`agentrl.fp8_weights`): a checkpoint an SGLang server starts from, to then take
+    ``engines.fp8_weights`` updates.
     """
     model = actor_or_model.model if isinstance(actor_or_model, Actor) else actor_or_model
     out_dir = Path(out_dir)
@@ -339,6 +346,10 @@ def export_hf(
             if name not in aliases
         }
         unwrapped = hf_skeleton(model, dtype)
+        if fp8:
+            names = {engine_parameter_name(n) for n in fp8_weight_names(model, fp8_ignored)}
+            weights = dict(quantize_named_tensors(weights.items(), frozenset(names)))
+            unwrapped.config.quantization_config = sglang_quantization_config(fp8_ignored)
         unwrapped.save_pretrained(out_dir, state_dict=weights)
         if tokenizer is not None:
             tokenizer.save_pretrained(out_dir)

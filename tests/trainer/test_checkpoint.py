@@ -20,8 +20,15 @@ import torch
 from checkpoint_worker import STEPS, full_state, other_llama, rng_draws, seed_everything
 from fsdp_worker import actor_config, global_batch, nll_loss, one_process_group, tiny_llama
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    FineGrainedFP8Config,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
+from agentrl.fp8_weights import fp8_weight_names, round_trip
 from agentrl.trainer.actor import Actor, ActorConfig
 from agentrl.trainer.checkpoint import CheckpointManager, export_hf
 from agentrl.trainer.distributed import DistInfo
@@ -204,6 +211,41 @@ def test_export_casts_to_dtype(dist_info: DistInfo, tmp_path: Path) -> None:
     assert weights.keys() == params.keys() - {"lm_head.weight"}
     for name, tensor in weights.items():
         assert torch.equal(tensor, params[name].to(torch.bfloat16)), name
+
+
+def test_an_fp8_export_is_what_transformers_loads_as_block_fp8(
+    dist_info: DistInfo, tmp_path: Path
+) -> None:
+    """The FP8 export (SGLang's layout) read by transformers' own block-FP8 loader, dequantising:
+    an independent reader of the format gets exactly the weights the FP8 engine computes with."""
+    torch.manual_seed(0)
+    shape = dict(hidden_size=256, intermediate_size=512, num_attention_heads=2)
+    model = LlamaForCausalLM(
+        LlamaConfig(vocab_size=64, num_hidden_layers=2, num_key_value_heads=1, **shape)
+    )  # every projection in whole 128x128 blocks: transformers' loader requires them
+    actor = Actor(model, ActorConfig())
+    params = {n: t.full_tensor() for n, t in actor.model.state_dict().items()}
+    out = export_hf(actor.model, None, tmp_path / "fp8", fp8=True, fp8_ignored=["model.layers.1"])
+    quantization = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert quantization == {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+        "ignored_layers": ["model.layers.1"],
+    }
+    stored = load_file(out / "model.safetensors")
+    assert stored["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
+    assert stored["model.layers.0.self_attn.q_proj.weight_scale_inv"].shape == (2, 2)
+    assert stored["model.layers.1.self_attn.q_proj.weight"].dtype == torch.float32
+    loaded = AutoModelForCausalLM.from_pretrained(
+        out, quantization_config=FineGrainedFP8Config(dequantize=True), dtype=torch.float32
+    ).state_dict()
+    quantised = fp8_weight_names(model, ["model.layers.1"])
+    assert len(quantised) == 7
+    for name, tensor in params.items():
+        expected = round_trip(tensor) if name in quantised else tensor
+        assert torch.equal(loaded[name].float(), expected), name
 
 
 # -- across world sizes, under torchrun ----------------------------------------------------------
