@@ -1,0 +1,92 @@
+"""The CUDA paths, on a GPU only: the embedded engine, FSDP2 with NCCL, weight sync, FP8 training.
+
+These tests are skipped where ``torch.cuda.is_available()`` is false (every CI machine of this
+project); they are what a session with a lent GPU runs first (``pytest tests/gpu``). They use
+randomly initialised models, since the GPU machines cannot fetch SmolLM2's weights. The CPU
+versions of each property are tested elsewhere (tests/engine_pool, tests/trainer).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from agentrl.engine_pool.engine import SamplingParams
+from agentrl.engine_pool.local_engine import LocalEngine
+from agentrl.trainer.actor import Actor, ActorConfig
+from agentrl.trainer.distributed import distributed
+from agentrl.trainer.logprobs import token_logprobs
+from agentrl.trainer.weight_sync import sync_weights
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+PROMPT = list(range(5, 37))
+
+
+def llama(hidden: int = 256, layers: int = 2) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 128,
+        max_position_embeddings=256,
+    )
+    return LlamaForCausalLM(config)
+
+
+async def test_the_engine_runs_on_the_gpu_and_agrees_with_a_full_forward() -> None:
+    model = llama()
+    async with LocalEngine(copy.deepcopy(model), eos_token_ids=[0], device="cuda") as engine:
+        assert engine.model.device.type == "cuda"
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=16, seed=3, ignore_eos=True)
+        result, again = [await engine.generate(PROMPT, sampling) for _ in range(2)]
+    assert result.token_ids == again.token_ids  # the same seed, the same tokens on the GPU
+    ids = torch.tensor([PROMPT + result.token_ids])
+    with torch.no_grad():
+        expected = token_logprobs(model.eval(), ids, 1.0)[0, len(PROMPT) - 1 :]
+    torch.testing.assert_close(torch.tensor(result.logprobs), expected, atol=1e-3, rtol=0)
+
+
+async def test_fsdp2_on_nccl_trains_and_syncs_into_a_gpu_engine() -> None:
+    with distributed() as info:
+        assert info.backend == "nccl" and info.device.type == "cuda"
+        actor = Actor(llama(), ActorConfig(lr=1e-3))
+        batch = torch.tensor([PROMPT * 2], device=info.device)
+
+        def loss_fn(model, ids):
+            logprobs = token_logprobs(model, ids, 1.0)
+            return -logprobs.sum(), float(logprobs.numel()), {}
+
+        losses = [actor.train_step([batch], loss_fn)["loss"] for _ in range(5)]
+        assert losses[-1] < losses[0]
+        async with LocalEngine(llama(), eos_token_ids=[0], device="cuda") as engine:
+            await sync_weights(actor.model, [engine], version=1)
+            trained = {n: p.full_tensor() for n, p in actor.model.named_parameters()}
+            for name, tensor in engine.model.named_parameters():
+                torch.testing.assert_close(tensor, trained[name], rtol=0, atol=0)
+
+
+def test_fp8_training_runs_on_an_fp8_gpu() -> None:
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 matmuls need compute capability 8.9+")
+    pytest.importorskip("torchao", reason="pip install 'agentrl[gpu]'")
+    with distributed() as info:
+        config = ActorConfig(
+            lr=1e-3, mixed_precision="bf16", fp8="tensorwise", fp8_min_features=256
+        )
+        actor = Actor(llama(hidden=512), config)
+        assert {type(m).__name__ for m in actor.model.modules()} >= {"Float8Linear"}
+        batch = torch.tensor([PROMPT * 4], device=info.device)
+
+        def loss_fn(model, ids):
+            logprobs = token_logprobs(model, ids, 1.0)
+            return -logprobs.sum(), float(logprobs.numel()), {}
+
+        losses = [actor.train_step([batch], loss_fn)["loss"] for _ in range(5)]
+        assert losses[-1] < losses[0]
