@@ -19,6 +19,12 @@ generated tokens/s of each run and the ratios async/sync (target >= 3x) and asyn
 
     python -m bench.bench_rollout [--episodes 48] [--turns 3] [--max-new-tokens 32]
     python -m bench.bench_rollout --device cuda --dtype bfloat16 --episodes 256
+    python -m bench.bench_rollout --model .whl/smollm2-config --random-weights --device cuda ...
+
+``--random-weights`` builds the model from the config in ``--model`` with random weights (the same
+compute; for machines SmolLM2's weights cannot reach, such as a lent GPU: ``scripts/gpu-wheels``
+writes SmolLM2's config and tokenizer to ``.whl/smollm2-config``). Generation then rarely stops at an
+end-of-sequence token, so episodes run to ``--max-new-tokens``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from agentrl.engine_pool import LocalEngine, SamplingParams
 from agentrl.envs import AgentEnv
@@ -96,7 +105,12 @@ async def asynchronous(engine, tokenizer, tasks, sampling, make_env) -> int:
 
 
 async def main(args: argparse.Namespace) -> None:
-    tokenizer = load_tokenizer("smollm2")
+    tokenizer = load_tokenizer(args.model)
+    model = args.model
+    if args.random_weights:
+        torch.manual_seed(0)
+        config = AutoConfig.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args.dtype))
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
     tasks: list[RolloutTask] = group_tasks(args.episodes)
 
@@ -104,13 +118,14 @@ async def main(args: argparse.Namespace) -> None:
         return lambda: ToolLatencyEnv(args.turns, latency, args.latency)
 
     engine = LocalEngine(
-        "smollm2",
+        model,
         tokenizer=tokenizer,
         max_batch_size=args.episodes,
         dtype=args.dtype,
         device=args.device,
     )
-    print(f"engine: SmolLM2 in {args.dtype} on {args.device}, {args.episodes} episodes")
+    weights = "random weights" if args.random_weights else "its weights"
+    print(f"engine: {args.model} ({weights}) in {args.dtype} on {args.device}")
     async with engine:
         await engine.generate(tokenizer.encode("warm up"), SamplingParams(max_new_tokens=4))
         runs = [
@@ -145,5 +160,7 @@ if __name__ == "__main__":
     parser.add_argument("--mean-latency", type=float, default=0.5)
     parser.add_argument("--latency", choices=["exponential", "fixed"], default="exponential")
     parser.add_argument("--device", default="cpu", help='"cpu" (default) or "cuda"')
+    parser.add_argument("--model", default="smollm2", help="smollm2 or a model directory")
+    parser.add_argument("--random-weights", action="store_true")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     asyncio.run(main(parser.parse_args()))
