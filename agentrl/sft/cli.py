@@ -38,26 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentrl.config import ConfigError
-    from agentrl.sft.config import SFTConfig, sft_config_reference, sft_config_reference_markdown
+    from agentrl.sft.config import SFTConfig, sft_config_reference_markdown
+    from agentrl.trainer.cli import config_from_args
 
     console = Console()
-    if args.help_config and args.markdown:
-        print(sft_config_reference_markdown(), end="")
-        return 0
-    if args.help_config:
-        table = Table("key", "default", "description", title="agentrl sft configuration")
-        for key, default, description in sft_config_reference():
-            table.add_row(key, default, description)
-        console.print(table)
-        return 0
-    if args.config is None:
-        raise SystemExit("agentrl sft: give a config file (see examples/) or --help-config")
-    try:
-        config = SFTConfig.load(args.config, args.overrides)
-    except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]", highlight=False)
-        return 2
+    config = config_from_args(
+        args, "agentrl sft", SFTConfig, SFTConfig.load, sft_config_reference_markdown, console
+    )
+    if isinstance(config, int):
+        return config
     return _train(config, console)
 
 

@@ -17,11 +17,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from agentrl.config import Config
+
+C = TypeVar("C")
 INTERRUPTED = 130
 
 
@@ -44,31 +50,48 @@ def add_arguments(
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def config_from_args(
+    args: argparse.Namespace,
+    command: str,
+    config_class: type[Config],
+    load: Callable[[Path | None, list[str]], C],
+    markdown: Callable[[], str],
+    console: Console,
+) -> C | int:
+    """The config ``args`` names (a YAML file and dotted overrides), loaded by ``load``; or the
+    exit code when there is nothing to run: 0 once ``--help-config`` printed every key of
+    ``config_class`` (``markdown()`` with ``--markdown``), 2 once a bad config's error is printed.
+    Shared by ``agentrl train`` and ``agentrl sft``."""
     from agentrl.config import ConfigError
-    from agentrl.trainer.train_config import (
-        TrainConfig,
-        config_reference,
-        config_reference_markdown,
-    )
+    from agentrl.trainer.train_config import config_reference
 
-    console = Console()
     if args.help_config and args.markdown:
-        print(config_reference_markdown(), end="")
+        print(markdown(), end="")
         return 0
     if args.help_config:
-        table = Table("key", "default", "description", title="agentrl train configuration")
-        for key, default, description in config_reference():
+        table = Table("key", "default", "description", title=f"{command} configuration")
+        for key, default, description in config_reference(config_class):
             table.add_row(key, default, description)
         console.print(table)
         return 0
     if args.config is None:
-        raise SystemExit("agentrl train: give a config file (see examples/) or --help-config")
+        raise SystemExit(f"{command}: give a config file (see examples/) or --help-config")
     try:
-        config = TrainConfig.load(args.config, args.overrides)
+        return load(args.config, args.overrides)
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]", highlight=False)
         return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentrl.trainer.train_config import TrainConfig, config_reference_markdown
+
+    console = Console()
+    config = config_from_args(
+        args, "agentrl train", TrainConfig, TrainConfig.load, config_reference_markdown, console
+    )
+    if isinstance(config, int):
+        return config
     return asyncio.run(_train(config, console))
 
 
