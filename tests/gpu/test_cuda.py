@@ -40,6 +40,11 @@ def llama(hidden: int = 256, layers: int = 2) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
+def nll(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, float, dict]:
+    logprobs = token_logprobs(model, ids, 1.0)
+    return -logprobs.sum(), float(logprobs.numel()), {}
+
+
 async def test_the_engine_runs_on_the_gpu_and_agrees_with_a_full_forward() -> None:
     model = llama()
     async with LocalEngine(copy.deepcopy(model), eos_token_ids=[0], device="cuda") as engine:
@@ -59,11 +64,7 @@ async def test_fsdp2_on_nccl_trains_and_syncs_into_a_gpu_engine() -> None:
         actor = Actor(llama(), ActorConfig(lr=1e-3))
         batch = torch.tensor([PROMPT * 2], device=info.device)
 
-        def loss_fn(model, ids):
-            logprobs = token_logprobs(model, ids, 1.0)
-            return -logprobs.sum(), float(logprobs.numel()), {}
-
-        losses = [actor.train_step([batch], loss_fn)["loss"] for _ in range(5)]
+        losses = [actor.train_step([batch], nll)["loss"] for _ in range(5)]
         assert losses[-1] < losses[0]
         async with LocalEngine(llama(), eos_token_ids=[0], device="cuda") as engine:
             await sync_weights(actor.model, [engine], version=1)
@@ -84,9 +85,5 @@ def test_fp8_training_runs_on_an_fp8_gpu() -> None:
         assert {type(m).__name__ for m in actor.model.modules()} >= {"Float8Linear"}
         batch = torch.tensor([PROMPT * 4], device=info.device)
 
-        def loss_fn(model, ids):
-            logprobs = token_logprobs(model, ids, 1.0)
-            return -logprobs.sum(), float(logprobs.numel()), {}
-
-        losses = [actor.train_step([batch], loss_fn)["loss"] for _ in range(5)]
+        losses = [actor.train_step([batch], nll)["loss"] for _ in range(5)]
         assert losses[-1] < losses[0]
