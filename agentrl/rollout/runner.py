@@ -24,9 +24,9 @@ import asyncio
 import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -36,6 +36,8 @@ from agentrl.rollout.trajectory import Trajectory, Turn
 from agentrl.tokenization import SeamPolicy, TemplatePolicy, TokenTrajectory, TrajectoryBuilder
 
 EnvMaker = Callable[[], AgentEnv | AgentWrapper]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -226,24 +228,8 @@ class EpisodeRunner:
         self, tasks: Iterable[RolloutTask], concurrency: int = 64
     ) -> AsyncIterator[Trajectory]:
         """Yield trajectories as they complete, at most ``concurrency`` episodes at a time."""
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        slots = asyncio.Semaphore(concurrency)
-
-        async def bounded(task: RolloutTask) -> Trajectory:
-            async with slots:
-                return await self.run(task)
-
-        pending = {asyncio.ensure_future(bounded(task)) for task in tasks}
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for future in done:
-                    yield future.result()
-        finally:
-            for future in pending:
-                future.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        async for trajectory in bounded_as_completed(tasks, self.run, concurrency):
+            yield trajectory
 
     async def stream_groups(
         self, tasks: Iterable[RolloutTask], concurrency: int = 64
@@ -266,3 +252,28 @@ class EpisodeRunner:
         """All trajectories, in task order."""
         results = [t async for t in self.stream(tasks, concurrency)]
         return sorted(results, key=lambda t: (t.group, t.sample))
+
+
+async def bounded_as_completed(
+    items: Iterable[T], run: Callable[[T], Awaitable[R]], concurrency: int
+) -> AsyncIterator[R]:
+    """``run(item)`` for every item, at most ``concurrency`` at a time; yield results as they
+    complete. Closing the generator early cancels (and awaits) the runs still pending."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    slots = asyncio.Semaphore(concurrency)
+
+    async def bounded(item: T) -> R:
+        async with slots:
+            return await run(item)
+
+    pending = {asyncio.ensure_future(bounded(item)) for item in items}
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                yield future.result()
+    finally:
+        for future in pending:
+            future.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

@@ -13,12 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs import INFRA_ERROR, AgentEnv, AgentWrapper
 from agentrl.envs.code.problems import CodeProblem
+from agentrl.sft.demo_row import Env, Row, finish_demonstration
 from agentrl.tools import ToolCall
-
-Row = dict[str, Any]
-Env = AgentEnv | AgentWrapper
 
 
 @dataclass(frozen=True)
@@ -246,17 +243,10 @@ async def _code_episode(
         else "The function runs without errors"
     )
     last = f"{done}, so here is the solution:\n\n```python\n{program.rstrip()}\n```"
-    _, reward, terminated, _, step_info = await env.astep(last)
-    conversation.append({"role": "assistant", "content": last})
-    if not terminated or reward != 1.0 or step_info.get(INFRA_ERROR):
-        return None
-    return {
-        "messages": conversation,
-        "tools": info.get("tools") or [],
-        "index": index,
-        "problem_id": str(info.get("task_id", "")),
-        "reward": float(reward),
-    }
+    problem_id = str(info.get("task_id", ""))
+    return await finish_demonstration(
+        env, conversation, last, info=info, index=index, problem_id=problem_id
+    )
 
 
 def _printed(output: str) -> list[str]:

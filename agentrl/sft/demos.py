@@ -33,7 +33,6 @@ templates: they show the tool format and the write-run-submit (and fix) loop, no
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -41,13 +40,11 @@ from typing import Any
 
 import gymnasium
 
-from agentrl.envs import INFRA_ERROR, AgentEnv, AgentWrapper
+from agentrl.rollout.runner import bounded_as_completed
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.sft.code_demos import code_demonstration
+from agentrl.sft.demo_row import Env, Row, finish_demonstration
 from agentrl.tools import ToolCall
-
-Row = dict[str, Any]
-Env = AgentEnv | AgentWrapper
 
 _START = re.compile(r"(\w+) has (\d+) (\w+)\.")
 _STEPS = (
@@ -97,7 +94,7 @@ async def math_demonstration(env: Env, index: int) -> Row | None:
     call = parser.format(ToolCall("python", {"code": code}, raw=""))
     conversation = [*messages]
     first = f"{_LEADS[index % len(_LEADS)]}\n{call}"
-    observation, reward, terminated, truncated, step_info = await env.astep(first)
+    observation, _, terminated, truncated, _ = await env.astep(first)
     if terminated or truncated or len(observation) != 1 or observation[0]["role"] != "tool":
         return None
     result = observation[0]["content"].strip()
@@ -108,21 +105,11 @@ async def math_demonstration(env: Env, index: int) -> Row | None:
         f"<answer>{result}</answer>" if answer_format == "answer_tag" else f"\\boxed{{{result}}}"
     )
     last = f"The code prints {result}, so the answer is {final}."
-    conversation += [
-        {"role": "assistant", "content": first},
-        *observation,
-        {"role": "assistant", "content": last},
-    ]
-    _, reward, terminated, _, step_info = await env.astep(last)
-    if not terminated or reward != 1.0 or step_info.get(INFRA_ERROR):
-        return None
-    return {
-        "messages": conversation,
-        "tools": info.get("tools") or [],
-        "index": index,
-        "problem_id": str(info.get("problem_id", "")),
-        "reward": float(reward),
-    }
+    conversation += [{"role": "assistant", "content": first}, *observation]
+    problem_id = str(info.get("problem_id", ""))
+    return await finish_demonstration(
+        env, conversation, last, info=info, index=index, problem_id=problem_id
+    )
 
 
 DEMONSTRATORS: dict[str, Callable[[Env, int], Awaitable[Row | None]]] = {
@@ -147,30 +134,20 @@ async def constructed_demonstrations(
             f"{sorted(DEMONSTRATORS)} (use rejection sampling of rollouts for others)"
         )
     demonstrate = DEMONSTRATORS[env_id]
-    slots = asyncio.Semaphore(concurrency)
 
     async def one(index: int) -> Row | None:
-        async with slots:
-            env = gymnasium.make(env_id, **env_kwargs)
-            try:
-                row = await demonstrate(env, index)  # type: ignore[arg-type]
-            finally:
-                await env.aclose()  # type: ignore[attr-defined]
+        env = gymnasium.make(env_id, **env_kwargs)
+        try:
+            row = await demonstrate(env, index)  # type: ignore[arg-type]
+        finally:
+            await env.aclose()  # type: ignore[attr-defined]
         if row is not None:
             row.update(env_id=env_id, env_kwargs=json.dumps(dict(env_kwargs)))
             row["source"] = "constructed"
         return row
 
-    pending = {asyncio.ensure_future(one(i)) for i in indices}
-    try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
-                yield future.result()
-    finally:
-        for future in pending:
-            future.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+    async for row in bounded_as_completed(indices, one, concurrency):
+        yield row
 
 
 def successful_trajectories(
