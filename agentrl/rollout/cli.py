@@ -16,7 +16,8 @@ from rich.table import Table
 from agentrl.rollout.trajectory import Trajectory
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_env_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--env ID`` and ``--env-kwargs KEY=VALUE ...`` (read with :func:`parse_kwargs`)."""
     parser.add_argument("--env", required=True, help="environment id, e.g. agentrl/Math-v0")
     parser.add_argument(
         "--env-kwargs",
@@ -25,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="keyword arguments for gymnasium.make; values are parsed as JSON when they can be",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_env_arguments(parser)
     parser.add_argument("--n", type=int, default=16, help="number of prompts (groups)")
     parser.add_argument("--group-size", type=int, default=1, help="samples per prompt (GRPO's G)")
     parser.add_argument("--model", default="smollm2", help="'smollm2', a model directory or .gguf")

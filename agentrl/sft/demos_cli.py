@@ -27,14 +27,9 @@ from rich.console import Console
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env", required=True, help="environment id, e.g. agentrl/Math-v0")
-    parser.add_argument(
-        "--env-kwargs",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="keyword arguments for gymnasium.make; values are parsed as JSON when they can be",
-    )
+    from agentrl.rollout.cli import add_env_arguments
+
+    add_env_arguments(parser)
     parser.add_argument(
         "--count", type=int, default=100, help="demonstrations to write (constructed mode)"
     )
