@@ -255,10 +255,13 @@ async def test_malformed_responses_and_http_errors_are_engine_errors(reply, mess
 
 
 async def test_hung_and_dead_servers_are_engine_errors():
+    released = asyncio.Event()  # the hung handler returns once the test is done with it
+
     async def handler(request):
         if info := sglang_info(request, weight_version="7"):
             return info
-        await asyncio.sleep(60)
+        await asyncio.wait_for(released.wait(), timeout=60)
+        return web.json_response({})
 
     runner, url = await fake_sglang(handler)
     try:
@@ -267,6 +270,7 @@ async def test_hung_and_dead_servers_are_engine_errors():
             with pytest.raises(EngineError, match="no answer within 1 s"):
                 await engine.generate([1], SAMPLED)
     finally:
+        released.set()  # else the server's cleanup waits out the handler (aiohttp's grace period)
         await runner.cleanup()
     with pytest.raises(EngineError, match=r"Cannot connect|ClientConnector"):
         await SGLangEngine(url).start()
