@@ -247,6 +247,10 @@ class Sandbox(abc.ABC):
             raise self._crash(self._failure or f"lost the sandbox: {exc}") from exc
         finally:
             self._pending.pop(request_id, None)
+            if future.done() and not future.cancelled():
+                # failed by _fail_pending after this call stopped waiting for it (its timeout, a
+                # cancellation): the call raises for it, so mark its exception as seen
+                future.exception()
         if not reply["ok"]:
             raise SandboxError(reply["error"])
         return reply["result"]

@@ -4,8 +4,10 @@ client code; tests/tools/test_sandbox_isolation.py runs both), and the backends'
 import asyncio
 import gc
 import os
+import signal
 
 import docker
+import psutil
 import pytest
 
 from agentrl.tools import BubblewrapSandbox, SandboxCrashed, SandboxError, SandboxLimits
@@ -91,6 +93,21 @@ async def test_a_dead_agent_fails_pending_and_later_calls(sandbox):
         await asyncio.wait_for(call, 15)
     with pytest.raises(SandboxCrashed):
         await sandbox.run_python("1")
+
+
+async def test_a_call_the_agent_never_answers_fails_and_leaves_no_unretrieved_error(sandbox):
+    """A frozen agent: the call gives up after its wait, the sandbox is marked crashed, and the
+    reply future it failed is not left for asyncio to report as a never-retrieved exception."""
+    reports: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: reports.append(context))
+    for process in psutil.Process(sandbox.pid).children(recursive=True):  # the agent among them
+        process.send_signal(signal.SIGSTOP)
+    with pytest.raises(SandboxCrashed, match=r"did not answer a 'ping' call within 0\.5 s"):
+        await sandbox.ping(timeout=0.5)
+    with pytest.raises(SandboxCrashed, match="did not answer"):
+        await sandbox.run_python("1")
+    gc.collect()
+    assert [r["message"] for r in reports] == []
 
 
 async def test_bwrap_start_errors_are_clear():
