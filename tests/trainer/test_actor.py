@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -220,13 +221,20 @@ def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp2")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc_per_node", "2", str(WORKER), "--out", str(out), "--steps", str(STEPS)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
-        # Seen once in a CI run: a rank aborted in PyTorch's C++ teardown (no Python traceback),
-        # not reproducible alone; run the job once more rather than fail on that teardown flake.
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
+    # PYTHONFAULTHANDLER: a rank that aborts in C++ prints every thread's Python stack
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    failures = []
+    for _ in range(3):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+        if done.returncode == 0:
+            return out
+        failures.append(done.stderr[-4000:])
+        # A rank aborting with "terminate called without an active exception" and no Python
+        # traceback was seen in CI, twice in a row in one fresh-check, never in 12 runs alone;
+        # the job is run again (up to 3 times) on that signature only, and its stacks are kept.
+        if "terminate called without an active exception" not in done.stderr:
+            break
+    pytest.fail("\n---- next attempt ----\n".join(failures), pytrace=False)
 
 
 @pytest.mark.slow
