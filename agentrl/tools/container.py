@@ -105,8 +105,10 @@ class ContainerSandbox(Sandbox):
         try:
             container = await asyncio.shield(creating)
         except BaseException:
-            if not creating.done():  # cancelled: the engine call goes on in its thread
-                creating.add_done_callback(_remove_when_made)
+            # cancelled: the engine call goes on in its thread, or it finished in the same
+            # iteration as the cancellation; either way the container it makes is removed (a
+            # done future runs the callback soon)
+            creating.add_done_callback(_remove_when_made)
             if owns_client:
                 client.close()
             if on_not_removed is not None:  # the engine may have made it before failing
