@@ -126,7 +126,8 @@ class LocalEngine:
         self._tokenizer = tokenizer
         self._dtype = dtype
         self._device = torch.device(device) if device is not None else None
-        self._fp8 = (fp8_weights, tuple(fp8_ignored))
+        self._fp8_weights = fp8_weights
+        self._fp8_ignored = tuple(fp8_ignored)
         self._fp8_names: frozenset[str] = frozenset()  # set from the model in start()
         self._eos: frozenset[int] = (
             frozenset(eos_token_ids) if eos_token_ids is not None else frozenset()
@@ -166,8 +167,8 @@ class LocalEngine:
         if not self._eos:
             self._eos = await self._in_worker(self._default_eos)
         self._model.eval()
-        if self._fp8[0]:
-            self._fp8_names = fp8_weight_names(self._model, self._fp8[1])
+        if self._fp8_weights:
+            self._fp8_names = fp8_weight_names(self._model, self._fp8_ignored)
             await self._in_worker(round_weights_through_fp8, self._model, self._fp8_names)
         self._vocab_size = self._model.get_input_embeddings().num_embeddings
         self._max_context = getattr(self._model.config, "max_position_embeddings", None)

@@ -72,10 +72,17 @@ def apply_named_tensors(
         shown = "; ".join(problems[:5])
         more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
         raise ValueError(f"cannot load weights, nothing was changed: {shown}{more}")
+    try:  # before any copy: rounding refuses a non-finite weight, and nothing may change then
+        updates = [
+            (name, round_trip(t.to(targets[name].dtype)))
+            if name in fp8_names and name not in arrived_fp8
+            else (name, t)
+            for name, t in updates
+        ]
+    except ValueError as exc:
+        raise ValueError(f"cannot load weights, nothing was changed: {exc}") from None
     with torch.no_grad():
         for name, tensor in updates:
-            if name in fp8_names and name not in arrived_fp8:
-                tensor = round_trip(tensor.to(targets[name].dtype))
             targets[name].copy_(tensor)
     return len(updates)
 

@@ -105,9 +105,13 @@ class ActorConfig(Config):
 
     @model_validator(mode="after")
     def _check_fp8(self) -> Self:
-        options = {"fp8_emulate": self.fp8_emulate, "fp8_exclude": self.fp8_exclude != ["lm_head"]}
-        options["fp8_min_features"] = self.fp8_min_features != 1024
-        stray = [f"actor.{name}" for name, changed in options.items() if changed]
+        # a key away from its default (a dumped config.yaml sets every key to its value)
+        fields = type(self).model_fields
+        stray = [
+            f"actor.{name}"
+            for name in ("fp8_emulate", "fp8_exclude", "fp8_min_features")
+            if getattr(self, name) != fields[name].get_default(call_default_factory=True)
+        ]
         if self.fp8 == "off" and stray:
             raise ValueError(f"{' and '.join(stray)} set with actor.fp8=off")
         for pattern in self.fp8_exclude:

@@ -98,3 +98,15 @@ def test_an_fp8_weight_without_its_scale_changes_nothing(tiny_llama: LlamaForCau
     with pytest.raises(ValueError, match="nothing was changed: unpaired blockwise FP8"):
         apply_named_tensors(tiny_llama, [good, (name, quantized)])
     assert all(torch.equal(tiny_llama.state_dict()[n], t) for n, t in before.items())
+
+
+def test_a_non_finite_weight_to_round_through_fp8_changes_nothing(
+    tiny_llama: LlamaForCausalLM,
+) -> None:
+    before = snapshot(tiny_llama)
+    names = fp8_weight_names(tiny_llama)
+    good = ("model.layers.0.mlp.up_proj.weight", torch.randn(64, 32))
+    bad = ("model.layers.1.mlp.up_proj.weight", torch.full((64, 32), float("nan")))
+    with pytest.raises(ValueError, match=r"nothing was changed: cannot quantise .* nan"):
+        apply_named_tensors(tiny_llama, [good, bad], fp8_names=names)
+    assert all(torch.equal(tiny_llama.state_dict()[n], t) for n, t in before.items())
