@@ -27,6 +27,8 @@ Supported: decoder-only transformers models whose cache is all full-attention ``
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -99,11 +101,11 @@ class DecodeBatch:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{_cache_argument(type(model)): cache},
         )
-        batch = cls(out.past_key_values, attention_mask, attention_mask.sum(-1))
+        batch = cls(cache, attention_mask, attention_mask.sum(-1))  # the forward filled it in place
         if depth:
             batch._align_right()
         return batch, out.logits[:, -1]
@@ -121,8 +123,8 @@ class DecodeBatch:
             input_ids=input_ids,
             attention_mask=self.attention_mask,
             position_ids=self.lengths.unsqueeze(1),  # (B, 1)
-            past_key_values=self.cache,
             use_cache=True,
+            **{_cache_argument(type(model)): self.cache},
         )
         self.lengths = self.lengths + 1
         return out.logits[:, -1]
@@ -202,3 +204,11 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
         return tensor
     pad = [0, 0] * (-dim - 1) + [missing, 0]  # F.pad lists (left, right) from the last dim back
     return F.pad(tensor, pad)
+
+
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    """The forward's name for the KV cache: ``cache`` in transformers 5.x, which deprecates (and
+    will drop) the ``past_key_values`` that older versions take."""
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"

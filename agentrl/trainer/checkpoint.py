@@ -72,6 +72,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentrl.fp8_weights import fp8_weight_names, quantize_named_tensors, sglang_quantization_config
 from agentrl.trainer.actor import Actor
+from agentrl.trainer.fp8_training import after_optimizer_step, plain_tensor
 from agentrl.trainer.weight_sync import engine_parameter_name
 
 FORMAT = 1
@@ -236,6 +237,7 @@ class CheckpointManager:
             )
             owner.scheduler.load_state_dict(state[f"{prefix}scheduler"])
             owner.step = state["step"]
+            after_optimizer_step(owner.model, owner.config.fp8)  # scales of the loaded weights
         rng_file = path / RNG_DIR / f"rank_{actor.dist.rank:05d}.json"
         if rng_file.is_file():
             set_rng_state(json.loads(rng_file.read_text()), actor.device)
@@ -339,9 +341,9 @@ def export_hf(
     def write() -> None:
         aliases = tied_aliases(model)
         weights = {
-            engine_parameter_name(name): tensor.to(dtype)
-            if dtype and tensor.is_floating_point()
-            else tensor
+            engine_parameter_name(name): plain_tensor(
+                tensor, dtype if dtype and tensor.is_floating_point() else tensor.dtype
+            )
             for name, tensor in full.items()
             if name not in aliases
         }

@@ -125,8 +125,19 @@ def convert_to_fp8_training(
 
 
 def after_optimizer_step(model: nn.Module, recipe: FP8Recipe) -> None:
-    """Precompute the float8 scales of all-gathered weights (tensorwise) in one all-reduce."""
+    """Precompute the float8 scales of all-gathered weights (tensorwise) in one all-reduce: after
+    every optimizer step, and after a checkpoint load changed the weights under the scales."""
     if recipe == "tensorwise":
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
         precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+def plain_tensor(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in ``dtype`` as a plain ``torch.Tensor``: torchao's float8 training wraps weights
+    in a tensor subclass, which a full state dict keeps and which engines and serialisers
+    (safetensors, pickling for an engine) cannot take; it is copied out."""
+    if type(tensor) is torch.Tensor:
+        return tensor.to(dtype)
+    plain = torch.empty(tensor.shape, dtype=dtype, device=tensor.device)
+    return plain.copy_(tensor)

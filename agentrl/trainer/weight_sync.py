@@ -50,6 +50,7 @@ from torch.distributed.tensor import DTensor
 
 from agentrl.engine_pool.engine import Engine
 from agentrl.fp8_weights import quantize_named_tensors
+from agentrl.trainer.fp8_training import plain_tensor
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
@@ -112,7 +113,9 @@ def iter_full_state_dict_buckets(
         with torch.no_grad():
             full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
             if keep:
-                bucket.append((engine_parameter_name(name), _plain(full, dtype or full.dtype)))
+                bucket.append(
+                    (engine_parameter_name(name), plain_tensor(full, dtype or full.dtype))
+                )
         count, size = count + 1, size + nbytes
     if count:
         yield bucket
@@ -181,15 +184,6 @@ async def sync_weights(
         engines=len(healthy),
         seconds=time.perf_counter() - start,
     )
-
-
-def _plain(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``tensor`` in ``dtype`` as a plain ``torch.Tensor``: a tensor subclass (torchao's float8
-    training wraps weights in one) is copied out, since engines and serialisers take plain ones."""
-    if type(tensor) is torch.Tensor:
-        return tensor.to(dtype)
-    plain = torch.empty(tensor.shape, dtype=dtype, device=tensor.device)
-    return plain.copy_(tensor)
 
 
 def _next_bucket(

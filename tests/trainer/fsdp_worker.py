@@ -7,7 +7,10 @@ part in `sync_weights` into a `LocalEngine` that rank 0 holds (built from the un
 and in a step where rank 1 has one micro-batch fewer (which must raise on every rank). Rank 0
 writes to DIR: ``result.json`` (each step's metrics, the sync report, every rank's error from the
 unequal step), ``params.pt`` (the full weights from `iter_full_state_dict_buckets`) and
-``logprobs.pt`` (log-probs of a probe under the trained FSDP model, and under the engine's model).
+``logprobs.pt`` (log-probs of a probe under the trained FSDP model, and under the engine's model)
+and, with ``--export``, `export_hf`'s directories of the trained weights (``hf/`` and ``hf-fp8/``), and
+a checkpoint round trip: save, one more step, load, the same step again (``result.json``'s
+``resumed``: both steps' metrics; ``restored.pt``: the weights loaded back at the end).
 Sequences score different numbers of tokens, so the ranks' token counts differ: only a loss
 normalised by the global token count gives the same update for every N.
 
@@ -33,6 +36,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from agentrl.engine_pool.local_engine import LocalEngine
 from agentrl.models import load_model
 from agentrl.trainer.actor import Actor, ActorConfig
+from agentrl.trainer.checkpoint import CheckpointManager, export_hf
 from agentrl.trainer.distributed import DistInfo, distributed
 from agentrl.trainer.fp8_training import FP8Recipe
 from agentrl.trainer.logprobs import token_logprobs
@@ -162,6 +166,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", help="'tiny' or a model reference (smollm2)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--fp8", default="off", choices=["off", "tensorwise", "rowwise"])
+    parser.add_argument("--export", action="store_true", help="export_hf to DIR/hf and DIR/hf-fp8")
     args = parser.parse_args()
 
     with distributed() as info:
@@ -171,6 +176,17 @@ def main() -> None:
         mine = global_batch(vocab)[info.rank :: info.world_size]
         metrics = [actor.train_step(mine, nll_loss) for _ in range(args.steps)]
         params = {n: t.clone() for b in iter_full_state_dict_buckets(actor.model) for n, t in b}
+        if args.export:
+            export_hf(actor, None, args.out / "hf")
+            export_hf(actor, None, args.out / "hf-fp8", fp8=True)
+            checkpoints = CheckpointManager(args.out / "checkpoints")
+            saved = checkpoints.save(actor, {})
+            moved = actor.train_step(mine, nll_loss)  # the weights move on, then come back
+            checkpoints.load(saved, actor)
+            again = actor.train_step(mine, nll_loss)  # the same step from the loaded state
+            checkpoints.load(saved, actor)
+            buckets = iter_full_state_dict_buckets(actor.model)
+            restored = {n: t.clone() for bucket in buckets for n, t in bucket}
         logprobs = probe_logprobs(actor.model, vocab)
         synced = asyncio.run(sync_into_engine(actor, args, info))
         errors = unequal_step_error(actor, info)
@@ -181,6 +197,9 @@ def main() -> None:
             result["fp8_layers"] = [
                 n for n, m in actor.model.named_modules() if type(m).__name__ == "Float8Linear"
             ]
+            if args.export:
+                result["resumed"] = {"moved": moved, "again": again}
+                torch.save(restored, args.out / "restored.pt")
             (args.out / "result.json").write_text(json.dumps(result, indent=1))
             torch.save(params, args.out / "params.pt")
             torch.save({"actor": logprobs, "engine": synced["lp"]}, args.out / "logprobs.pt")

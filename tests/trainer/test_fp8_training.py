@@ -23,9 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 from fsdp_worker import actor_config, global_batch, nll_loss, one_process_group, tiny_llama
+from safetensors.torch import load_file
 from torch import nn
 
 from agentrl.config import ConfigError
+from agentrl.fp8_weights import dequantize_named_tensors, round_trip, scale_name
 from agentrl.trainer.actor import Actor, ActorConfig
 from agentrl.trainer.fp8_training import FP8Unavailable, fp8_layer_names
 from agentrl.trainer.train_config import TrainConfig
@@ -100,12 +102,13 @@ def run_job(out: Path, recipe: str, processes: int) -> dict:
         )
     command = [str(TORCHAO_PYTHON), "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc_per_node", str(processes), str(WORKER), "--out", str(out)]
-    command += ["--steps", str(STEPS), "--fp8", recipe]
+    command += ["--steps", str(STEPS), "--fp8", recipe, "--export"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
     result["params"] = torch.load(out / "params.pt")
     result["logprobs"] = torch.load(out / "logprobs.pt")
+    result["out"] = out
     return result
 
 
@@ -161,6 +164,45 @@ def test_weight_sync_sends_plain_float32_master_weights(jobs: dict, job: tuple[s
     # the engine computes in float32 without FP8 casts: the FP8 train/inference mismatch
     gap = (result["logprobs"]["engine"] - result["logprobs"]["actor"]).abs().max()
     assert 0 < float(gap) < 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", [("tensorwise", 2), ("rowwise", 2)])
+def test_export_hf_writes_the_trained_weights_plain_and_as_blockwise_fp8(
+    jobs: dict, job: tuple[str, int]
+) -> None:
+    """The end-of-run export of an FP8-trained actor: torchao's weight subclass must not reach the
+    safetensors, in full precision or as the FP8 checkpoint an SGLang server starts from."""
+    result, out = jobs[job], jobs[job]["out"]
+    trained = result["params"]  # the tied head is written once, as the embedding
+    plain = load_file(out / "hf" / "model.safetensors")
+    assert set(plain) == set(trained)
+    for name, tensor in trained.items():
+        assert torch.equal(plain[name], tensor), name
+    blockwise = load_file(out / "hf-fp8" / "model.safetensors")
+    loaded = dict(dequantize_named_tensors(blockwise.items()))
+    assert set(loaded) == set(trained)
+    for name, tensor in trained.items():
+        expected = round_trip(tensor) if scale_name(name) in blockwise else tensor
+        torch.testing.assert_close(loaded[name], expected, rtol=0, atol=0)
+    fp8 = {n for n, t in blockwise.items() if t.dtype == torch.float8_e4m3fn}
+    assert len(fp8) == 2 * len(PROJECTIONS)
+    config = json.loads((out / "hf-fp8" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "fp8"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", [("tensorwise", 2), ("rowwise", 2)])
+def test_a_checkpoint_of_an_fp8_actor_restores_its_weights_and_float8_scales(
+    jobs: dict, job: tuple[str, int]
+) -> None:
+    """Save, step, load, the same step again: identical metrics only if the load also recomputed
+    the tensorwise scales precomputed for the weights it replaced."""
+    result, out = jobs[job], jobs[job]["out"]
+    assert result["resumed"]["again"] == result["resumed"]["moved"]
+    restored = torch.load(out / "restored.pt")
+    for name, tensor in result["params"].items():
+        assert torch.equal(restored[name], tensor), name
 
 
 def _projections() -> list[tuple[str, str]]:
