@@ -33,12 +33,19 @@ demo: $(STAMP)
 # bubblewrap, Podman and its Docker-compatible API, the sandbox images (`all`: python, the SWE base
 # and one per shipped SWE project, ~35 s from the base the first time). DOCKER_HOST, when set, names
 # another engine (a Docker Engine) for the container tests instead.
+# pytest runs in TEST_WORKERS processes (pytest-xdist), each taking whole files (--dist loadfile:
+# a file's module fixtures, such as a trained job or a model's rollouts, are made once): the suite
+# waits on subprocesses, servers and containers for about a third of its time, which the second
+# process fills (33 minutes in one process, 22 in two, on 2 cores). Tests marked `serial` check
+# machine-wide state that tests beside them would change; they run afterwards, alone.
+TEST_WORKERS ?= 2
 test: export DOCKER_HOST ?= unix:///run/podman/podman.sock
 test: $(STAMP) lint
 	sandboxes/setup.sh all
 	PYTHON=$(PYTHON) scripts/setup-sglang-env
 	scripts/setup-torchao-env
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=25
+	$(BIN)/python -m pytest -q -m serial
 
 # The modules the type checker holds to account (the rest of the package is not mypy-clean yet).
 TYPED := agentrl/engine_pool/engine.py agentrl/engine_pool/sglang_api.py \

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 
 import gymnasium
+import psutil
 import pytest
 from aiohttp import web
 from test_sglang_http import fake_sglang, free_port, model_dir, sglang_info  # noqa: F401
@@ -191,5 +191,11 @@ async def test_a_pool_with_no_engine_left_raises():
 
 
 def test_no_server_process_is_left_behind():
-    leftovers = subprocess.run(["pgrep", "-f", "agentrl.cli serve"], capture_output=True, text=True)
-    assert leftovers.stdout.strip() == ""
+    """None of the servers this file's tests started (this process's descendants; other test
+    processes may be running servers of their own) outlives its test."""
+    leftovers = [
+        " ".join(child.cmdline())
+        for child in psutil.Process().children(recursive=True)
+        if "agentrl.cli serve" in " ".join(child.cmdline())
+    ]
+    assert leftovers == []

@@ -15,6 +15,7 @@ from bench.soak_sandboxes import SoakConfig, run_soak, summary
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its leak check counts new temporary files and Podman cgroups machine-wide
 async def test_short_soak_loses_nothing_scores_no_failure_and_leaks_nothing(tokenizer):
     if os.geteuid() != 0 or not (shutil.which("podman") and shutil.which("bwrap")):
         pytest.fail("the soak needs root, podman and bubblewrap: run `sudo sandboxes/setup.sh`")
