@@ -4,6 +4,7 @@ engine, weight updates across the pool with partial rollouts, sticky sessions.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 
@@ -193,9 +194,10 @@ async def test_a_pool_with_no_engine_left_raises():
 def test_no_server_process_is_left_behind():
     """None of the servers this file's tests started (this process's descendants; other test
     processes may be running servers of their own) outlives its test."""
-    leftovers = [
-        " ".join(child.cmdline())
-        for child in psutil.Process().children(recursive=True)
-        if "agentrl.cli serve" in " ".join(child.cmdline())
-    ]
+    leftovers = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # one that exits meanwhile is no leftover
+            command = " ".join(child.cmdline())
+            if "agentrl.cli serve" in command:
+                leftovers.append(command)
     assert leftovers == []
