@@ -8,6 +8,8 @@ one submission) run by the real :class:`~agentrl.rollout.EpisodeRunner` against 
 so every episode's reward is known in advance: a plain python call, a plain bash call, a one-second
 python call, maybe a fault of its own (a call that hangs past the tool timeout, one that fills
 memory, a fork bomb), and the problem's canonical solution (reward 1) or a wrong one (reward 0).
+Each backend cycles through the kinds; when the time is up, a backend on which a workload never
+ran (the faults cut its episodes short) starts episodes for up to ``cover_s`` more until it has.
 Tools and grading take their sandboxes from one :class:`~agentrl.tools.SandboxPool` per backend;
 container sandboxes are spread by :class:`~agentrl.tools.container_hosts.ContainerHosts` over two
 extra ``podman system service`` processes started here. On a schedule the run also kills a sandbox
@@ -91,7 +93,9 @@ WORKLOADS = {code: name for name, (_, code) in FAULTS.items()} | {
     SLOW[1]: "slow",
 }
 KINDS = ("correct", "wrong", "hang", "memory", "fork")
-"""Episode kinds, in turn: every kind but "wrong" submits the canonical solution (reward 1)."""
+"""Episode kinds, in turn on each backend: all but "wrong" submit the canonical solution (reward 1)."""
+COVERED = ("plain", "slow", *FAULTS, "grading")
+"""The workloads every backend must have run before the soak ends (see ``SoakConfig.cover_s``)."""
 
 
 # --- recording every sandbox call -------------------------------------------------------------
@@ -225,6 +229,9 @@ class ScriptedEngine:
 class SoakConfig:
     seconds: float = 30.0
     """How long new episodes are started; the ones running then are finished."""
+    cover_s: float = 60.0
+    """After ``seconds``, how long a backend on which some workload has not run yet (its episodes
+    were cut short by the faults) keeps starting episodes, fault-free, until every one has."""
     concurrency: int = 8
     """Episodes at once, split over the backends."""
     backends: tuple[str, ...] = ("container", "bwrap")
@@ -265,6 +272,7 @@ class Soak:
         self.random = random.Random(config.seed)
         self.engine = ScriptedEngine(tokenizer)
         self.groups = itertools.count()
+        self.counts: Counter[str] = Counter()  # episodes started per backend: each cycles the kinds
         self.started: dict[tuple[str, int], str] = {}  # (backend, group) -> kind
         self.ended: dict[tuple[str, int], Trajectory] = {}
 
@@ -350,10 +358,14 @@ class Soak:
             env_id="agentrl/Code-v0",
             max_total_tokens=8192,
         )
-        while time.monotonic() < deadline:
-            group = next(self.groups)
-            kind = KINDS[group % len(KINDS)]
-            problem = PROBLEMS[(group // len(KINDS)) % len(PROBLEMS)]
+        cover_until = deadline + self.config.cover_s
+        while time.monotonic() < deadline or (
+            time.monotonic() < cover_until and not self.covered(backend)
+        ):
+            group, n = next(self.groups), self.counts[backend]
+            self.counts[backend] += 1
+            kind = KINDS[n % len(KINDS)]
+            problem = PROBLEMS[(n // len(KINDS)) % len(PROBLEMS)]
             self.engine.scripts[group] = episode_turns(kind, problem)
             self.started[backend, group] = kind
             task = RolloutTask(group, 0, group, {"index": problem})
@@ -361,6 +373,11 @@ class Soak:
             if (backend, group) in self.ended or trajectory.group != group:
                 self.report.problems.append(f"episode {backend}:{group} ended twice")
             self.ended[backend, group] = trajectory
+
+    def covered(self, backend: str) -> bool:
+        """Whether every workload of the scripts has run on ``backend``."""
+        ran = {c.workload for c in self.recorder.calls if c.backend == backend}
+        return set(COVERED) <= ran
 
     async def kill_sandboxes(self, deadline: float) -> None:
         """Every ``kill_every_s``, kill a sandbox that is running a tool call, from outside."""
