@@ -150,7 +150,12 @@ def summary_table(summary, config, engine_dtype: str = "float32") -> Table:
             f"{metrics.get('episodes/tool_calls_mean', float('nan')):.2f} per episode, "
             f"{metrics.get('episodes/tool_use_fraction', float('nan')):.0%} of episodes call one",
         ),
-        ("last mismatch (mean |Δ log p|)", f"{metrics.get('mismatch/mean_abs', float('nan')):.2e}"),
+        (
+            "last mismatch (mean |Δ log p|)",
+            f"{metrics.get('mismatch/mean_abs', float('nan')):.2e} (all tokens), "
+            f"{metrics.get('mismatch/on_policy_mean_abs', float('nan')):.2e} (the "
+            f"{metrics.get('mismatch/on_policy_fraction', float('nan')):.0%} on-policy)",
+        ),
         ("engine weights", f"{engine_dtype} (rollout.engine_dtype={config.rollout.engine_dtype})"),
         ("metrics", str(Path(config.trainer.output_dir) / "metrics.jsonl")),
         ("checkpoint", str(summary.checkpoint or "-")),

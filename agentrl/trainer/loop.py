@@ -523,6 +523,7 @@ def train_on_batch(
     ``train/optimizer_steps``.
     """
     rank, world = actor.dist.rank, actor.dist.world_size
+    objective.policy_version = actor.step  # the weights the engines sampled on-policy tokens with
     parts = [sequences[k::mini_batches] for k in range(mini_batches)]
     parts = [part for part in parts if any(any(s["loss_mask"]) for s in part)] or [sequences]
     packed = [

@@ -62,6 +62,8 @@ MEAN_METRICS = {
 }
 EXTREME_METRICS = {"ratio_max": "policy/ratio_max", "ratio_min": "policy/ratio_min"}
 EXTREME_KEYS = ("mismatch/max_abs", "policy/ratio_max", "policy/ratio_min")
+ON_POLICY_MAX = "mismatch/on_policy_max_abs"
+"""The maximum over on-policy tokens (see :attr:`Objective.policy_version`); an extreme as well."""
 IMPORTANCE_METRICS = ("ratio_mean", "truncated_fraction", "masked_fraction", "weight_mean")
 OLD_LOGPROBS = "old_logprobs"
 """The micro-batch field of stored trainer old log-probs (:meth:`Objective.with_old_logprobs`)."""
@@ -91,6 +93,15 @@ class Objective:
         self.reference = reference
         self.extremes: dict[str, float] = {}
         """Per-rank maxima since the last :meth:`finish` (minima stored negated)."""
+        self.policy_version: int | None = None
+        """The weight version being trained (:attr:`Actor.step`), set before each step by
+        :func:`~agentrl.trainer.loop.train_on_batch`. ``mismatch/*`` compares the engine's
+        log-probs of every loss token with the trainer's, so it adds staleness (tokens sampled
+        by older weights) to the numerical train/inference gap; the ``mismatch/on_policy_*``
+        metrics, logged when this is set, cover only the tokens sampled by exactly these weights
+        (``versions == policy_version``), the numerical gap alone: ``on_policy_fraction`` of the
+        loss tokens, their ``on_policy_mean_abs`` and ``on_policy_max_abs`` (NaN when the step
+        has no such token)."""
 
     def __call__(
         self, model: nn.Module, batch: PackedMicroBatch
@@ -169,6 +180,14 @@ class Objective:
             mismatch = mismatch_metrics(trainer_old, engine, mask)
             sums["mismatch/mean_abs"] = mismatch["mean_abs"] * tokens
             sums["mismatch/kl"] = mismatch["kl"] * tokens
+            on_policy = None
+            if self.policy_version is not None:
+                versions = rows(batch.fields["versions"])
+                fresh = torch.where(versions == self.policy_version, mask, 0.0)
+                on_policy = mismatch_metrics(trainer_old, engine, fresh)
+                # a token-weighted sum like the others; finish() turns it into the mean over them
+                sums["mismatch/on_policy_mean_abs"] = on_policy["mean_abs"] * on_policy["n_tokens"]
+                sums["mismatch/on_policy_fraction"] = on_policy["n_tokens"].float()
             # the entropy of the distribution tokens were sampled from: softmax(logits / T)
             entropy = torch.zeros_like(batch.loss_mask, dtype=torch.float32)  # (1, T)
             entropy[0, scored] = entropy_from_logits(
@@ -179,6 +198,8 @@ class Objective:
         sums["tokens"] = tokens
         if batch.n_loss_tokens:
             self._extreme("mismatch/max_abs", float(mismatch["max_abs"]))
+            if on_policy is not None and int(on_policy["n_tokens"]):
+                self._extreme(ON_POLICY_MAX, float(on_policy["max_abs"]))
             for name, key in EXTREME_METRICS.items():
                 value = float(metrics[name])
                 self._extreme(key, -value if name == "ratio_min" else value)
@@ -206,7 +227,13 @@ class Objective:
                 out[name] = value / tokens if tokens else 0.0
             else:
                 out[f"train/{name}"] = value
+        if "mismatch/on_policy_fraction" in out:  # a mean over all tokens: over on-policy ones
+            fraction = out["mismatch/on_policy_fraction"]
+            total = out["mismatch/on_policy_mean_abs"]
+            out["mismatch/on_policy_mean_abs"] = total / fraction if fraction else math.nan
         names = EXTREME_KEYS  # the same on every rank, whatever each rank saw
+        if self.policy_version is not None:  # set on every rank alike
+            names = (*EXTREME_KEYS, ON_POLICY_MAX)
         values = torch.tensor(
             [self.extremes.get(n, -math.inf) for n in names], dtype=torch.float64, device=device
         )

@@ -71,6 +71,10 @@ async def test_a_run_trains_syncs_and_writes_its_outputs(tiny_policy_dir, tmp_pa
         assert key in rows[-1], key
     assert rows[0]["mismatch/max_abs"] < 1e-3  # the engine's log-probs are the trainer's
     assert rows[-1]["version/trained_on"] == 1  # on-policy: step 2 trained on version-1 tokens
+    for row in rows:  # every token was sampled by the weights trained on: all of it is numerics
+        assert row["mismatch/on_policy_fraction"] == 1.0
+        assert row["mismatch/on_policy_max_abs"] == row["mismatch/max_abs"]
+        assert row["mismatch/on_policy_mean_abs"] == pytest.approx(row["mismatch/mean_abs"])
     assert (tmp_path / "curves.png").stat().st_size > 0
     assert summary.checkpoint is not None and summary.checkpoint.exists()
     assert list((tmp_path / "tensorboard").iterdir())

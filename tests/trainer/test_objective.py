@@ -122,6 +122,30 @@ def test_engine_old_logprobs_put_the_mismatch_into_the_ratio(model):
     assert metrics["policy/clip_fraction"] > 0
 
 
+@pytest.mark.parametrize("max_tokens", [64, 12])
+def test_on_policy_mismatch_leaves_out_tokens_of_older_weights(model, max_tokens):
+    seqs = sequences(model)  # noise 0.01 * (i + 1) on 5, 3, 7 and 2 loss tokens
+    for i, seq in enumerate(seqs):  # the 2nd and 4th were sampled by version 3, the others by 4
+        seq["versions"] = [(3 if i % 2 else 4) if m else -1 for m in seq["loss_mask"]]
+    objective = Objective(AlgorithmConfig(), temperature=1.0)
+    objective.policy_version = 4
+    _, metrics = run(objective, model, pack(seqs, max_tokens=max_tokens))
+    assert metrics["mismatch/on_policy_fraction"] == pytest.approx(12 / 17)
+    assert metrics["mismatch/on_policy_mean_abs"] == pytest.approx(
+        (5 * 0.01 + 7 * 0.03) / 12, rel=1e-3
+    )
+    assert metrics["mismatch/on_policy_max_abs"] == pytest.approx(0.03, rel=1e-3)
+    assert metrics["mismatch/max_abs"] == pytest.approx(0.04, rel=1e-3)  # stale tokens included
+    objective.policy_version = 5  # nothing sampled by the weights trained on
+    _, metrics = run(objective, model, pack(seqs, max_tokens=max_tokens))
+    assert metrics["mismatch/on_policy_fraction"] == 0.0
+    assert math.isnan(metrics["mismatch/on_policy_mean_abs"])
+    assert math.isnan(metrics["mismatch/on_policy_max_abs"])
+    objective.policy_version = None  # not in a training loop: not measured
+    _, metrics = run(objective, model, pack(seqs, max_tokens=max_tokens))
+    assert not [key for key in metrics if "on_policy" in key]
+
+
 def test_kl_to_an_identical_reference_is_zero_and_needs_a_reference(model, make_tiny_llama):
     config = AlgorithmConfig(kl_coef=0.1)
     with pytest.raises(ValueError, match="reference"):

@@ -141,6 +141,12 @@ async def test_partial_rollouts_and_staleness_across_the_pool(tiny_policy_dir, t
     for record in records:
         assert record["episodes/errors"] == 0 and record["pool/healthy"] == 2
         assert record["staleness/staleness_max"] <= 1
+        # the tokens the trainer's own weights sampled score the same in the trainer (float32
+        # servers, tensor sync); stale ones may not, and only mismatch/* counts them
+        if record["mismatch/on_policy_fraction"] > 0:
+            assert record["mismatch/on_policy_max_abs"] < 1e-3
+            assert record["mismatch/on_policy_max_abs"] <= record["mismatch/max_abs"]
+    assert records[0]["mismatch/on_policy_fraction"] == 1.0  # nothing is stale at the start
     assert records[-1]["version/trained_on"] == 2
 
 
