@@ -137,6 +137,16 @@ async def _train(config, console: Console) -> int:
     return INTERRUPTED if summary.interrupted else 0
 
 
+def mismatch_summary(metrics: dict[str, float]) -> str:
+    """The last step's mean |Δ log p| over all tokens and over the on-policy ones, in words."""
+    overall = f"{metrics.get('mismatch/mean_abs', float('nan')):.2e} over all tokens"
+    fraction = metrics.get("mismatch/on_policy_fraction", 0.0)
+    if not fraction:  # every token was sampled by older weights (or nothing was measured)
+        return f"{overall} (none sampled by the weights trained: staleness included)"
+    on_policy = metrics["mismatch/on_policy_mean_abs"]
+    return f"{overall}, {on_policy:.2e} over the {fraction:.0%} sampled by the weights trained"
+
+
 def summary_table(summary, config, engine_dtype: str = "float32") -> Table:
     metrics = summary.last_metrics
     table = Table(title="training summary", show_header=False)
@@ -150,12 +160,7 @@ def summary_table(summary, config, engine_dtype: str = "float32") -> Table:
             f"{metrics.get('episodes/tool_calls_mean', float('nan')):.2f} per episode, "
             f"{metrics.get('episodes/tool_use_fraction', float('nan')):.0%} of episodes call one",
         ),
-        (
-            "last mismatch (mean |Δ log p|)",
-            f"{metrics.get('mismatch/mean_abs', float('nan')):.2e} (all tokens), "
-            f"{metrics.get('mismatch/on_policy_mean_abs', float('nan')):.2e} (the "
-            f"{metrics.get('mismatch/on_policy_fraction', float('nan')):.0%} on-policy)",
-        ),
+        ("last mismatch (mean |Δ log p|)", mismatch_summary(metrics)),
         ("engine weights", f"{engine_dtype} (rollout.engine_dtype={config.rollout.engine_dtype})"),
         ("metrics", str(Path(config.trainer.output_dir) / "metrics.jsonl")),
         ("checkpoint", str(summary.checkpoint or "-")),
