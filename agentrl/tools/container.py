@@ -181,8 +181,12 @@ def remove_orphans(client: Any = None) -> int:
     client = client or connect()
     removed = 0
     try:
-        for container in client.containers.list(all=True, filters={"label": LABEL}):
-            host, _, pid = container.labels.get(LABEL, "").rpartition(":")
+        # sparse: the listing's own labels, no inspect per container, which fails (Podman 4.3:
+        # 500, not 404) for one that another process removes meanwhile
+        listed = client.containers.list(all=True, filters={"label": LABEL}, sparse=True)
+        for container in listed:
+            labels = container.attrs.get("Labels") or {}
+            host, _, pid = labels.get(LABEL, "").rpartition(":")
             if host == socket.gethostname() and pid.isdigit() and _pid_alive(int(pid)):
                 continue
             _remove(container)

@@ -121,6 +121,7 @@ def test_one_mini_batch_one_epoch_is_the_single_step_of_before(dist_info):
     actor, report = train(dist_info, algorithm)
     before = Actor(tiny_llama(), ActorConfig(lr=1e-2, warmup_steps=2), dist_info=dist_info)
     objective = Objective(algorithm, temperature=1.0)
+    objective.policy_version = before.step  # as train_on_batch sets it
     micro_batches = pack_for_rank(sequences(), 0, 1, MICRO_BATCH_TOKENS)
     expected = objective.finish(before.train_step(micro_batches, objective), before.device)
     assert report == {**expected, "train/optimizer_steps": 1.0}
