@@ -15,20 +15,39 @@ Modes (``mode=``):
   ``<tool_call>`` JSON with ``"hermes"``. The tools run in the episode's sandbox (started at the
   first call, with one persistent interpreter, destroyed at the episode's end). A turn with a
   tool call runs the tools (a code block in it is not a submission); a turn without one submits
-  its code block. A failed submission with attempts left (``max_attempts``) gets the test
-  feedback (the failing assertion or the solution's traceback, and what it printed) as a user
-  message and the episode goes on; a pass, or the last attempt, ends it.
+  its code block. A pass, or the last attempt (``max_attempts``), ends the episode; a failed
+  submission with attempts left gets feedback as a user message and the episode goes on.
 
 A turn with neither a tool call nor a code block ends the episode with reward 0.
 
-Grading (:mod:`agentrl.envs.code.grading`) runs the problem's hidden tests in a fresh sandbox,
-never the episode's, so nothing the agent did during the episode can touch it. Reward is 1.0 when
-the tests passed on evidence the solution cannot forge, else 0.0. ``info["reward_components"]``
-has ``passed`` and ``format`` (1.0 when the turn had a code block). ``info["tests_passed"]`` is the
-verdict on the solution; an infrastructure failure (no grading sandbox could be started) instead
-sets ``info["grading_error"]`` and ``info["infra_error"]`` (:data:`~agentrl.envs.INFRA_ERROR`), scores
-0 and ends the episode; trainers drop it rather than count it against the model. A sandbox that dies while the tests run counts as a failed
-submission (see :mod:`agentrl.envs.code.grading` for why).
+Public and hidden tests. The reward comes only from the problem's hidden tests (HumanEval's
+``check``); the feedback comes only from its public tests, the examples of its docstring
+(:mod:`agentrl.envs.code.examples` says which are taken, and how many problems have some), so
+nothing of the hidden tests (their inputs, expected values, failing assertion, or what the
+solution printed or raised on them) ever reaches the model, which could otherwise learn to
+special-case them. With ``feedback="public"`` a failed submission with attempts left is run
+again, in another fresh sandbox, on the public tests alone, and the message shows:
+
+- the failing example's assertion (or the solution's traceback) and what the solution printed,
+  when it fails an example (or does not load, or times out on the examples);
+- that it passes the docstring's N examples but fails hidden tests, when it passes them all;
+- that it fails hidden tests and the docstring has no examples to show, when the problem has
+  none (the run then still reports a solution that does not load).
+
+``feedback="none"`` says only that the submission failed the hidden tests (no second run).
+
+Grading (:mod:`agentrl.envs.code.grading`) runs in a fresh sandbox, never the episode's, so
+nothing the agent did during the episode can touch it. Reward is 1.0 when the hidden tests passed
+on evidence the solution cannot forge, else 0.0. ``info["reward_components"]`` has ``passed`` and
+``format`` (1.0 when the turn had a code block). ``info["tests_passed"]`` is the verdict on the
+solution; ``info["feedback"]`` is what the message showed ("" when none was sent),
+``info["public_tests_passed"]`` the public run's verdict when there was one, and
+``info["hidden_test_report"]`` why the hidden tests failed (for people reading logs; never sent
+to the model). An infrastructure failure (no sandbox could be started for either run) instead
+sets ``info["grading_error"]`` and ``info["infra_error"]`` (:data:`~agentrl.envs.INFRA_ERROR`),
+scores 0 and ends the episode; trainers drop it rather than count it against the model. A
+sandbox that dies while the tests run counts as a failed submission (see
+:mod:`agentrl.envs.code.grading` for why).
 """
 
 from __future__ import annotations
@@ -39,7 +58,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from agentrl.config import Config
-from agentrl.envs.code.grading import grade
+from agentrl.envs.code.grading import GradeResult, grade
 from agentrl.envs.code.problems import CodeProblem, assemble_program, extract_code, load_problems
 from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
 from agentrl.tools import (
@@ -84,13 +103,17 @@ class CodeConfig(Config):
     sandbox_pool: SandboxPool | None = None
     """Take every sandbox (tools and grading) from this pool instead of starting one each time."""
     test_timeout: float = Field(10.0, gt=0)
-    """Wall-clock limit of one grading run (all of a problem's tests), in seconds."""
+    """Wall-clock limit of one grading run (all of a problem's hidden, or public, tests), in s."""
     tool_timeout: float = Field(10.0, gt=0)
     """Wall-clock limit of one tool call, in seconds."""
     tool_max_output_bytes: int = Field(16_384, ge=256)
     """Cap on each of stdout and stderr of a tool call."""
+    feedback: Literal["public", "none"] = "public"
+    """multi: what a failed submission with attempts left is told. public: how it runs on the
+    docstring's examples (the public tests); none: only that it failed. Never anything of the
+    hidden tests, which alone give the reward."""
     feedback_chars: int = Field(2000, ge=100)
-    """Test feedback shown to the model is cut to its last this many characters."""
+    """Public-test feedback shown to the model is cut to its last this many characters."""
 
 
 class CodeEnv(AgentEnv):
@@ -150,45 +173,82 @@ class CodeEnv(AgentEnv):
             parsed = self.parser.parse(action)
             if parsed.calls or parsed.errors:
                 messages = await self.tools.run(parsed.calls, parsed.errors)
-                info = {"tool_calls": len(parsed.calls), "tool_errors": len(parsed.errors)}
+                info: dict[str, Any] = {
+                    "tool_calls": len(parsed.calls),
+                    "tool_errors": len(parsed.errors),
+                }
                 return messages, 0.0, False, False, info
             text = parsed.text
         code = extract_code(text, self.problem.entry_point)
-        info: dict[str, Any] = {"task_id": self.problem.task_id}
+        info = {"task_id": self.problem.task_id}
         if code is None:
             await self._end_episode()
             info["reward_components"] = {"passed": 0.0, "format": 0.0}
             info["error"] = "no ```python code block in the reply"
             return [], 0.0, True, False, info
         self.attempts += 1
-        result = await grade(
-            assemble_program(self.problem, code),
-            self.problem,
-            sandbox=self.grading_sandboxes,
-            timeout=self.config.test_timeout,
-            feedback_chars=self.config.feedback_chars,
-        )
+        program = assemble_program(self.problem, code)
+        graded = await self._grade(program, "hidden")
         info |= {
             "attempt": self.attempts,
-            "tests_passed": result.passed,
-            "timed_out": result.timed_out,
-            "feedback": result.feedback,
-            "reward_components": {"passed": float(result.passed), "format": 1.0},
+            "tests_passed": graded.passed,
+            "timed_out": graded.timed_out,
+            "feedback": "",
+            "hidden_test_report": graded.feedback,
+            "reward_components": {"passed": float(graded.passed), "format": 1.0},
         }
-        if result.grading_error is not None:  # not the solution's fault: not a reward
-            info["grading_error"] = info[INFRA_ERROR] = result.grading_error
         last = self.config.mode == "single" or self.attempts >= self.config.max_attempts
-        if result.passed or last or result.grading_error is not None:
+        error = graded.grading_error
+        if not (graded.passed or last or error):
+            public = None
+            if self.config.feedback == "public":
+                public = await self._grade(program, "public")
+                info["public_tests_passed"], error = public.passed, public.grading_error
+            info["feedback"] = self._feedback(public)
+        if error is not None:  # not the solution's fault: not a reward
+            info["grading_error"] = info[INFRA_ERROR] = error
+        if graded.passed or last or error is not None:
             await self._end_episode()
-            return [], float(result.passed), True, False, info
+            return [], float(graded.passed), True, False, info
         left = self.config.max_attempts - self.attempts
+        failed = (
+            f"Submission {self.attempts} of {self.config.max_attempts} failed the hidden tests."
+        )
         message = (
-            f"Submission {self.attempts} of {self.config.max_attempts} failed.\n"
-            f"{result.feedback}\n\n"
-            f"Fix it and submit the whole function again in a ```python code block "
+            "\n".join(part for part in (failed, info["feedback"]) if part)
+            + f"\n\nFix it and submit the whole function again in a ```python code block "
             f"({left} attempt{'s' if left > 1 else ''} left)."
         )
         return [{"role": "user", "content": message}], 0.0, False, False, info
+
+    async def _grade(self, program: str, tests: Literal["hidden", "public"]) -> GradeResult:
+        assert self.problem is not None
+        return await grade(
+            program,
+            self.problem,
+            sandbox=self.grading_sandboxes,
+            tests=tests,
+            timeout=self.config.test_timeout,
+            feedback_chars=self.config.feedback_chars,
+        )
+
+    def _feedback(self, public: GradeResult | None) -> str:
+        """What a submission that failed the hidden tests is told besides, from its run on the
+        public tests alone (None: ``feedback="none"``); see the module docstring."""
+        assert self.problem is not None
+        if public is None:
+            return ""
+        examples = len(self.problem.public_tests)
+        if public.passed and examples:
+            return (
+                f"It passes the docstring's {examples} example{'s' if examples > 1 else ''} "
+                "(the public tests); the hidden tests check cases they do not show."
+            )
+        if public.passed:
+            return "The docstring has no examples to run as public tests; nothing more is shown."
+        if examples:
+            return f"Run on the docstring's examples (the public tests):\n{public.feedback}"
+        return f"Run alone (the docstring has no examples to test), it fails:\n{public.feedback}"
 
     async def aclose(self) -> None:
         await self._end_episode()
@@ -215,7 +275,7 @@ class CodeEnv(AgentEnv):
                 "The output will be returned to you. A reply without a tool call submits its "
                 "code block."
             )
-        return (
-            f"{prompt}\nSubmissions run hidden tests; you have {self.config.max_attempts}, and "
-            "each failed one shows you which test failed."
-        )
+        prompt += f"\nSubmissions are graded by hidden tests; you have {self.config.max_attempts}."
+        if self.config.feedback == "public":
+            prompt += " A failed one is run on the docstring's examples, and you see the result."
+        return prompt

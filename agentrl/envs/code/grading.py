@@ -3,7 +3,12 @@
 ``await grade(program, problem, sandbox=...)`` starts a sandbox that nothing else has touched
 (from a :class:`~agentrl.tools.SandboxPool`, or from a factory such as
 :func:`~agentrl.tools.sandbox_factory`), runs :mod:`agentrl.envs.code.harness` in it with a time
-limit, and destroys it. The tests pass only on evidence the solution cannot forge:
+limit, and destroys it. It runs the problem's hidden tests (HumanEval's ``check``), or with
+``tests="public"`` its public tests (the docstring's examples,
+:attr:`~agentrl.envs.code.problems.CodeProblem.public_tests`; none at all still checks that the
+program loads). Each run has its own fresh sandbox, so a solution cannot carry what it saw in
+one run (the hidden tests' inputs) into another's report. The tests pass only on evidence the
+solution cannot forge:
 
 * the harness's judge process exited 0 without timing out, and
 * its stdout carries the random nonce of this grading, which only the judge holds and prints
@@ -42,8 +47,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from agentrl.envs.code import harness
+from agentrl.envs.code.examples import public_check
 from agentrl.envs.code.problems import CodeProblem
 from agentrl.tools import Sandbox, SandboxError, SandboxLost, SandboxPool
 from agentrl.tools.sandbox_pool import SandboxFactory
@@ -59,8 +66,9 @@ class GradeResult:
     passed: bool
     """Every test passed, on the evidence described in the module docstring."""
     feedback: str = ""
-    """Why the tests failed, for the model (the failing assertion, the solution's traceback,
-    what it printed), cut to its last ``feedback_chars`` characters; empty when passed."""
+    """Why the tests failed (the failing assertion, the solution's traceback, what it printed),
+    cut to its last ``feedback_chars`` characters; empty when passed. It quotes the tests that
+    ran: Code-v0 shows the model only that of a public run."""
     timed_out: bool = False
     """The test run was killed at the time limit."""
     grading_error: str | None = None
@@ -74,18 +82,20 @@ async def grade(
     problem: CodeProblem,
     *,
     sandbox: SandboxFactory | SandboxPool,
+    tests: Literal["hidden", "public"] = "hidden",
     timeout: float = 10.0,
     feedback_chars: int = 2000,
 ) -> GradeResult:
-    """Run ``problem``'s tests against ``program`` (a module defining ``problem.entry_point``)
-    in a fresh sandbox from ``sandbox``, for at most ``timeout`` seconds."""
+    """Run ``problem``'s ``tests`` against ``program`` (a module defining
+    ``problem.entry_point``) in a fresh sandbox from ``sandbox``, for at most ``timeout``
+    seconds."""
     started = time.monotonic()
     nonce = secrets.token_hex(16)
     request = {
         "nonce": nonce,
         "program": program,
         "prompt": problem.prompt,
-        "test": problem.test,
+        "test": problem.test if tests == "hidden" else public_check(problem.public_tests),
         "entry_point": problem.entry_point,
     }
     crash = None

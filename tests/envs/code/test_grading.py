@@ -5,12 +5,14 @@ The container tests need Podman's (or Docker's) API at ``DOCKER_HOST`` and the i
 """
 
 import asyncio
+import dataclasses
 import textwrap
 import time
 
 import pytest
 
 from agentrl.envs.code import CodeProblem, grade, load_problems
+from agentrl.envs.code.examples import public_tests
 from agentrl.tools import SandboxError, SandboxLimits, SandboxPool, sandbox_factory
 
 LIMITS = SandboxLimits(memory_mb=512, pids=64, cpus=1.0)
@@ -36,12 +38,12 @@ def stub(problem: CodeProblem) -> str:
     return problem.prompt
 
 
-async def grade_all(programs, sandbox, concurrency=4, timeout=20.0):
+async def grade_all(programs, sandbox, concurrency=4, timeout=20.0, tests="hidden"):
     gate = asyncio.Semaphore(concurrency)
 
     async def one(problem, program):
         async with gate:
-            return await grade(program, problem, sandbox=sandbox, timeout=timeout)
+            return await grade(program, problem, sandbox=sandbox, timeout=timeout, tests=tests)
 
     return await asyncio.gather(*(one(problem, program) for problem, program in programs))
 
@@ -64,6 +66,29 @@ async def assert_ground_truth(problems, sandbox):
 async def test_ground_truth_all_164_with_bwrap(bwrap):
     """Every canonical solution scores 1 and its corrupted version 0 (328 gradings)."""
     await assert_ground_truth(PROBLEMS, bwrap)
+
+
+@pytest.mark.slow
+async def test_reference_solutions_pass_every_public_test_and_fail_every_dropped_one(bwrap):
+    """The public tests (the docstrings' examples) of the 150 problems that have some hold for
+    HumanEval's reference solutions, and each example dropped as contradicted fails them, alone
+    (156 gradings)."""
+    with_tests = [p for p in PROBLEMS if p.public_tests]
+    dropped = [
+        dataclasses.replace(problem, public_tests=(test,))
+        for problem in PROBLEMS
+        for test in public_tests("", problem.prompt, problem.entry_point)
+        if test not in problem.public_tests
+    ]
+    programs = [(p, p.prompt + p.canonical_solution) for p in with_tests + dropped]
+    results = await grade_all(programs, bwrap, tests="public")
+    assert [r.grading_error for r in results] == [None] * len(results)
+    verdicts = {
+        (p.task_id, p.public_tests): r.passed for (p, _), r in zip(programs, results, strict=True)
+    }
+    assert [p.task_id for p in with_tests if not verdicts[p.task_id, p.public_tests]] == []
+    assert [p.public_tests for p in dropped if verdicts[p.task_id, p.public_tests]] == []
+    assert len(with_tests) == 150 and len(dropped) == 6
 
 
 @pytest.mark.slow
@@ -93,6 +118,30 @@ async def test_canonical_passes_and_failure_feedback_names_the_assertion():
     assert "has_close_elements([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3), which returned False" in (
         result.feedback
     )
+
+
+async def test_public_tests_run_the_docstrings_examples_and_nothing_of_the_hidden_tests():
+    result = await graded(HAS_CLOSE.prompt + "    return False\n", tests="public")
+    assert not result.passed and result.grading_error is None
+    assert "assert has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3) == True" in (
+        result.feedback
+    )
+    assert "has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3), which returned False" in (
+        result.feedback
+    )
+    assert "candidate" not in result.feedback and "3.9" not in result.feedback
+    reference = HAS_CLOSE.prompt + HAS_CLOSE.canonical_solution
+    assert (await graded(reference, tests="public")).passed
+
+
+async def test_public_tests_of_a_problem_without_examples_check_that_the_solution_loads():
+    decode_cyclic = PROBLEMS[38]
+    assert decode_cyclic.public_tests == ()
+    wrong = decode_cyclic.prompt + "    return s\n"
+    assert not (await graded(wrong, problem=decode_cyclic)).passed
+    assert (await graded(wrong, problem=decode_cyclic, tests="public")).passed
+    broken = await graded(wrong + "(\n", problem=decode_cyclic, tests="public")
+    assert not broken.passed and "SyntaxError" in broken.feedback
 
 
 async def test_feedback_shows_the_solutions_traceback_and_prints():
