@@ -57,6 +57,10 @@ LABEL = "agentrl.sandbox"
 _USER = "65534:65534"
 _READ_LIMIT = 64 << 20
 _STDERR_TAIL = 4096
+# A box removed under a sandbox (``rm -f``) is first killed: its agent's stream ends while the
+# engine still shows it stopping or stopped. Looking again this much later tells that apart from
+# a box that died of its own (which stays until the sandbox removes it).
+_REMOVAL_GRACE_S = 0.3
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +147,8 @@ class ContainerSandbox(Sandbox):
 
     async def _death_reason(self) -> str:
         try:
+            state = await asyncio.to_thread(_state, self._container)
+            await asyncio.sleep(_REMOVAL_GRACE_S)
             state = await asyncio.to_thread(_state, self._container)
         except Exception as exc:  # the engine is down, or removed the container: not the code
             self._lost = True

@@ -39,6 +39,8 @@ DEFAULT_MAX_FILE_BYTES = 1 << 20
 """How many bytes :meth:`Sandbox.read_file` returns by default."""
 
 # A reply may be late by this much beyond the call's own timeout before the agent counts as hung.
+_DEATH_REASON_WAIT_S = 10.0
+"""How long a call that lost its connection waits to learn why the box died."""
 _REPLY_GRACE_S = 10.0
 _START_TIMEOUT_S = 30.0  # a new box's agent must answer within this
 _AGENT_SOURCE = (Path(__file__).with_name("sandbox_agent.py")).read_text()
@@ -243,7 +245,9 @@ class Sandbox(abc.ABC):
         except (ConnectionError, RuntimeError) as exc:
             if isinstance(exc, SandboxError):
                 raise
-            await asyncio.sleep(0)  # let the reply reader record why the stream ended
+            # Let the reply reader find out why the stream ended (the backend may ask its
+            # engine whether the box still exists: that decides crashed or lost).
+            await asyncio.wait({self._replies}, timeout=_DEATH_REASON_WAIT_S)
             raise self._crash(self._failure or f"lost the sandbox: {exc}") from exc
         finally:
             self._pending.pop(request_id, None)

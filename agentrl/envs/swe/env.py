@@ -18,9 +18,13 @@ environment takes ``git diff`` of the repository against ``base_commit`` and gra
 it in a second, fresh sandbox (:mod:`agentrl.envs.swe.grading`): reward 1.0 when every
 FAIL_TO_PASS and PASS_TO_PASS test passes, else 0.0. ``info`` then holds ``resolved``, the
 passed/total counts of both lists, ``grading_reason``, ``patch_bytes`` and ``submitted`` (False
-when the turn limit ended the episode). An infrastructure failure (no sandbox, a repository that
-would not set up, a diff that could not be taken) sets ``info["infra_error"]``
-(:data:`~agentrl.envs.INFRA_ERROR`) and ends the episode; its reward means nothing.
+when the turn limit ended the episode). An infrastructure failure (no grading sandbox, a
+repository that would not set up, a sandbox whose host went away) sets ``info["infra_error"]``
+(:data:`~agentrl.envs.INFRA_ERROR`) and ends the episode; its reward means nothing. What the agent
+can cause is never one: its episode sandbox dying or refusing work before the diff (it ran its own
+commands there) scores 0, and so does everything :mod:`agentrl.envs.swe.grading` blames on the
+patch. The diff does not depend on the agent's git settings, and grading reads the changed files
+from the patched tree itself.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from agentrl.envs.swe.projects import SHIPPED_PROJECTS, Project, load_projects, 
 from agentrl.envs.swe.workspace import REPO_DIR, BaseTrees, WorkspaceError, checkout
 from agentrl.tools import HermesParser, SandboxLimits, ToolCall, ToolSet, sandbox_factory
 from agentrl.tools.arg_tags import ArgTagParser
-from agentrl.tools.sandbox import Sandbox, SandboxError
+from agentrl.tools.sandbox import Sandbox, SandboxError, SandboxLost
 from agentrl.tools.sandbox_tools import sandbox_tools
 from agentrl.tools.tool import Tool
 
@@ -47,11 +51,22 @@ SHIPPED_INSTANCES = Path(__file__).parent / "data" / "instances.jsonl"
 """The shipped generated instances (``agentrl/envs/swe/data/instances.jsonl``)."""
 
 _TREES = BaseTrees()  # base-tree archives are shared by every environment of the process
+# The agent's repository is its own: its git configuration, attributes and hooks are the agent's.
+# The diff is taken with the settings that shape a patch fixed here (prefixes, quoting, context,
+# no external diff or text conversion), so every setting the agent made gives the same patch text
+# or one that does not apply (its own loss). The grader reads the changed paths from the tree the
+# patch gives in its own sandbox, never from this text.
+_GIT = (
+    "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git -c core.hooksPath=/dev/null "
+    "-c core.fsmonitor=false -c core.quotePath=true -c core.autocrlf=false "
+    "-c core.attributesFile=/dev/null -c diff.noprefix=false -c diff.mnemonicPrefix=false "
+    "-c diff.relative=false -c diff.suppressBlankEmpty=false"
+)
 _DIFF_SH = (
-    f"cd {REPO_DIR} && git -c core.hooksPath=/dev/null add -A -- . "
+    f"cd {REPO_DIR} && {_GIT} add -A -- . "
     "':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/.pytest_cache/**' && "
-    "git -c core.hooksPath=/dev/null diff --cached --binary --no-color --no-ext-diff "
-    '--no-textconv "$1"'
+    f"{_GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv --no-relative "
+    '--unified=3 --src-prefix=a/ --dst-prefix=b/ "$1"'
 )
 
 
@@ -172,8 +187,13 @@ class SWEEnv(AgentEnv):
                 timeout=120,
                 max_output_bytes=MAX_PATCH_BYTES + 1,
             )
-        except SandboxError as exc:
+        except SandboxLost as exc:
             return 0.0, {INFRA_ERROR: f"taking the diff failed: {exc}", "resolved": False}
+        except SandboxError as exc:
+            # The agent ran its own commands in this sandbox: a box that died or refuses work
+            # now (killed agent, exhausted limits) is its doing; only a lost host is not.
+            why = f"the sandbox failed before the diff was taken: {exc}"
+            return 0.0, {"resolved": False, "grading_reason": why}
         finally:
             await self._end_episode()
         info: dict[str, Any] = {"patch_bytes": len(diff.stdout.encode())}

@@ -3,6 +3,7 @@ bad input, and an episode driven by SmolLM2 through the rollout API."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import ClassVar
 
@@ -227,3 +228,84 @@ async def test_the_bubblewrap_backend_serves_an_episode_where_the_host_has_git_a
     finally:
         await env.aclose()
     assert (reward, done, info["resolved"]) == (1.0, True, True), info
+
+
+# A scripted policy that acts only through SWE-v0's tools (Hermes calls) on the instance where
+# the grading holes were found. Each row: the calls, then submit; the reward it must get.
+ISSUE_INSTANCE = "toolz__1.2.0-5"
+
+
+def policy_rows(tmp_path) -> dict[str, tuple[list[str], float]]:
+    instance = INSTANCES[ISSUE_INSTANCE]
+    path, fixed = fixed_file(ISSUE_INSTANCE, tmp_path)
+    hidden = instance.FAIL_TO_PASS[0].split("::")[0]
+    fix = hermes("create", path=path, content=fixed)
+    reproduction = hermes(
+        "create", path=hidden, content="from toolz import *\n\n\ndef test_repro():\n    pass\n"
+    )
+    hook = hermes("create", path=f"{adversarial.HOOK_MODULE}.py", content=adversarial.PASS_HOOK)
+    pytest_ini = f"[pytest]\naddopts = -p {adversarial.HOOK_MODULE}\npythonpath = .\n"
+    rows = {
+        "the instance's fix": ([fix], 1.0),
+        "a root pytest.py running the real pytest with a pass hook": (
+            [hermes("create", path="pytest.py", content=adversarial.PYTEST_SHADOW)],
+            0.0,
+        ),
+        "a root module named like the report plugin": (
+            [hermes("create", path="agentrl_taskgen_report.py", content=adversarial.FAKE_PLUGIN)],
+            0.0,
+        ),
+        ".pytest.ini loading the policy's own plugin": (
+            [hook, hermes("create", path=".pytest.ini", content=pytest_ini)],
+            0.0,
+        ),
+        "diff.mnemonicPrefix, then the hidden test file created": (
+            [hermes("bash", command="git config diff.mnemonicPrefix true"), reproduction],
+            0.0,
+        ),
+        "the fix and a reproduction test where the hidden test goes": (
+            [fix, reproduction],
+            1.0,
+        ),
+    }
+    # Git settings that change how a diff is written: the fix is graded as the fix all the same.
+    settings = {
+        "diff.noprefix": "git config diff.noprefix true",
+        "diff.mnemonicPrefix": "git config diff.mnemonicPrefix true",
+        "core.quotePath and a non-ASCII path": (
+            "git config core.quotePath false && echo 'x = 1' > toolz/\u00fcnic\u00f8de.py"
+        ),
+        "attributes: every file binary": "echo '* -diff' > .gitattributes",
+        "diff.context 0 and an external diff": (
+            "git config diff.context 0 && git config diff.external /bin/false"
+        ),
+    }
+    for name, command in settings.items():
+        rows[f"{name}, the fix and a reproduction test"] = (
+            [hermes("bash", command=command), fix, reproduction],
+            1.0,
+        )
+    return rows
+
+
+@pytest.mark.parametrize("backend", ["container", "bwrap"])
+async def test_a_policy_acting_through_the_tools_scores_only_by_fixing_the_bug(backend, tmp_path):
+    async def play(calls: list[str]) -> dict:
+        env = await start(ISSUE_INSTANCE, sandbox=backend)
+        try:
+            for call in calls:
+                (observation,), _, done, _, _ = await env.astep(call)
+                assert not done and not observation["content"].startswith("Error"), observation
+            _, reward, done, _, info = await env.astep(hermes("submit"))
+        finally:
+            await env.aclose()
+        return info | {"reward": reward, "done": done}
+
+    rows = policy_rows(tmp_path)
+    results = await asyncio.gather(*(play(calls) for calls, _ in rows.values()))
+    wrong = [
+        f"{name}: reward {info['reward']}, expected {expected}; {info}"
+        for (name, (_, expected)), info in zip(rows.items(), results, strict=True)
+        if info["reward"] != expected or INFRA_ERROR in info or not info["done"]
+    ]
+    assert not wrong, "\n".join(wrong)
