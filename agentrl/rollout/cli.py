@@ -145,8 +145,7 @@ async def _rollout(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> list
                     if jsonl:
                         jsonl.write(json.dumps(trajectory.to_record(), ensure_ascii=False) + "\n")
                         jsonl.flush()
-                    mean = sum(t.reward for t in trajectories) / len(trajectories)
-                    progress.update(bar, advance=1, reward=mean)
+                    progress.update(bar, advance=1, reward=judged_mean(trajectories))
         finally:
             if jsonl:
                 jsonl.close()
@@ -154,15 +153,27 @@ async def _rollout(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> list
     return sorted(trajectories, key=lambda t: (t.group, t.sample))
 
 
+def judged_mean(trajectories: list[Trajectory], key: str | None = None) -> float:
+    """The mean reward (or reward component ``key``) over the judged episodes; nan when none
+    was judged. An episode with an error or an infrastructure fault has no verdict to average."""
+    judged = [t for t in trajectories if t.judged]
+    if not judged:
+        return float("nan")
+    values = [t.reward if key is None else t.reward_components.get(key, 0.0) for t in judged]
+    return sum(values) / len(judged)
+
+
 def summary_table(trajectories: list[Trajectory], seconds: float, out: Path) -> Table:
     n = len(trajectories)
     tokens = sum(t.completion_tokens for t in trajectories)
     errors = [t for t in trajectories if t.error]
+    unjudged = [t for t in trajectories if t.error is None and t.infra_error is not None]
     calling = sum(t.tool_calls > 0 for t in trajectories)
     table = Table(title="rollout summary", show_header=False)
     rows = [
         ("trajectories", str(n)),
-        ("mean reward", f"{sum(t.reward for t in trajectories) / max(n, 1):.3f}"),
+        ("judged", str(n - len(errors) - len(unjudged))),
+        ("mean reward (judged)", f"{judged_mean(trajectories):.3f}"),
         ("mean turns", f"{sum(len(t.turns) for t in trajectories) / max(n, 1):.2f}"),
         ("mean tool calls", f"{sum(t.tool_calls for t in trajectories) / max(n, 1):.2f}"),
         ("episodes calling a tool", f"{calling} ({calling / max(n, 1):.0%})"),
@@ -170,16 +181,14 @@ def summary_table(trajectories: list[Trajectory], seconds: float, out: Path) -> 
         ("tokens/s", f"{tokens / max(seconds, 1e-9):.1f}"),
         ("wall time", f"{seconds:.1f} s"),
         ("errors", str(len(errors)) + (f" (first: {errors[0].error})" if errors else "")),
+        (
+            "infra errors (not judged)",
+            str(len(unjudged)) + (f" (first: {unjudged[0].infra_error})" if unjudged else ""),
+        ),
         ("written to", str(out)),
     ]
     components = sorted({key for t in trajectories for key in t.reward_components})
-    rows[2:2] = [
-        (
-            f"  mean {key}",
-            f"{sum(t.reward_components.get(key, 0.0) for t in trajectories) / max(n, 1):.3f}",
-        )
-        for key in components
-    ]
+    rows[3:3] = [(f"  mean {key}", f"{judged_mean(trajectories, key):.3f}") for key in components]
     for key, value in rows:
         table.add_row(key, value)
     return table

@@ -54,6 +54,12 @@ class Trajectory:
     nothing, and the trainer leaves it out like an errored episode."""
 
     @property
+    def judged(self) -> bool:
+        """The environment judged the episode: no error and no infrastructure fault, so its
+        reward is a verdict. Mean rewards are taken over judged episodes only."""
+        return self.error is None and self.infra_error is None
+
+    @property
     def completion_tokens(self) -> int:
         return sum(turn.completion_tokens for turn in self.turns)
 

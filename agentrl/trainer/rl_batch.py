@@ -8,7 +8,8 @@ per-token weight ``versions`` and the trajectory's ``advantages``), ready for
 * Advantages are computed per group over the trajectories that did not fail; a failed episode
   (``Trajectory.error``: an environment, engine or tokenization error) or one the environment could
   not judge (``Trajectory.infra_error``: its reward means nothing) is excluded from both the group
-  statistics and the loss, and counted in ``episodes/errors`` or ``episodes/infra_errors``. A
+  statistics and the loss, and counted in ``episodes/errors`` or ``episodes/infra_errors``; the
+  reward metrics (``reward/*``, ``env/NAME/reward_mean``) are over the judged episodes only. A
   group that failures left with fewer than two valid samples (out of two or more) is dropped or
   kept by ``AlgorithmConfig.small_groups`` and counted in ``batch/small_groups``.
 * The staleness bound (:func:`agentrl.trainer.off_policy.staleness_policy`) is applied per token;
@@ -237,13 +238,17 @@ def _zero_advantage_groups(ok: Sequence[Trajectory], advantages: torch.Tensor) -
 
 def _episode_metrics(episodes: Sequence[Trajectory], groups: int) -> dict[str, float]:
     n = max(len(episodes), 1)
-    rewards = torch.tensor([t.reward for t in episodes] or [0.0], dtype=torch.float64)
+    # Reward statistics over the judged episodes: an error or an infrastructure fault is no
+    # verdict (counted apart in episodes/errors and episodes/infra_errors).
+    judged = [t for t in episodes if t.judged]
+    rewards = torch.tensor([t.reward for t in judged] or [float("nan")], dtype=torch.float64)
     lengths = torch.tensor([t.completion_tokens for t in episodes] or [0], dtype=torch.float64)
     metrics = {
         "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()) if len(episodes) > 1 else 0.0,
+        "reward/std": float(rewards.std()) if len(judged) > 1 else 0.0,
         "reward/max": float(rewards.max()),
         "episodes/count": float(len(episodes)),
+        "episodes/judged": float(len(judged)),
         "episodes/groups": float(groups),
         "episodes/errors": float(sum(t.error is not None for t in episodes)),
         "episodes/infra_errors": float(
@@ -269,7 +274,10 @@ def _episode_metrics(episodes: Sequence[Trajectory], groups: int) -> dict[str, f
     for name, own in _by_environment(episodes).items():
         n_own = len(own)
         metrics[f"env/{name}/episodes"] = float(n_own)
-        metrics[f"env/{name}/reward_mean"] = sum(t.reward for t in own) / n_own
+        own_judged = [t.reward for t in own if t.judged]
+        metrics[f"env/{name}/reward_mean"] = (
+            sum(own_judged) / len(own_judged) if own_judged else float("nan")
+        )
         metrics[f"env/{name}/turns_mean"] = sum(len(t.turns) for t in own) / n_own
         metrics[f"env/{name}/errors"] = float(sum(t.error is not None for t in own))
         metrics[f"env/{name}/infra_errors"] = float(
@@ -277,5 +285,6 @@ def _episode_metrics(episodes: Sequence[Trajectory], groups: int) -> dict[str, f
         )
     components = sorted({key for t in episodes for key in t.reward_components})
     for key in components:
-        metrics[f"reward/{key}"] = sum(t.reward_components.get(key, 0.0) for t in episodes) / n
+        values = [t.reward_components.get(key, 0.0) for t in judged]
+        metrics[f"reward/{key}"] = sum(values) / len(values) if values else float("nan")
     return metrics

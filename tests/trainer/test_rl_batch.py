@@ -1,5 +1,7 @@
 """From groups of trajectories to training sequences: advantages, failures, staleness, trimming."""
 
+from math import isnan
+
 import pytest
 import torch
 
@@ -106,6 +108,8 @@ def test_infrastructure_failures_leave_the_statistics_and_the_loss():
     assert batch.metrics["episodes/infra_errors"] == 1
     assert batch.metrics["episodes/errors"] == 0
     assert batch.metrics["batch/small_groups"] == 0
+    # the mean is over the judged episodes: (1 + 0) / 2, not (1 + 0 + 0) / 3
+    assert batch.metrics["reward/mean"] == 0.5 and batch.metrics["episodes/judged"] == 2
 
 
 @pytest.mark.parametrize(("policy", "sequences"), [("drop", 3), ("keep", 4)])
@@ -131,6 +135,7 @@ def test_metrics_per_environment():
     m = batch.metrics
     assert (m["env/Math-v0/episodes"], m["env/Math-v0/reward_mean"]) == (2, 0.5)
     assert (m["env/code/errors"], m["env/code/infra_errors"], m["env/code/turns_mean"]) == (1, 1, 0)
+    assert isnan(m["env/code/reward_mean"])  # nothing of it was judged
 
 
 def test_reinforce_pp_whitens_over_the_loss_tokens():
