@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,67 +20,23 @@ from agentrl.tools import ToolCall
 @dataclass(frozen=True)
 class CodeExample:
     """A call of a Code-v0 problem's function with literal arguments, and the result its
-    docstring shows for it (``str`` of the value, as ``print`` writes it), if it shows one."""
+    docstring shows for it (``str`` of the value, as ``print`` writes it)."""
 
     call: str
-    expected: str | None
+    expected: str
 
 
 def code_examples(problem: CodeProblem, limit: int = 2) -> list[CodeExample]:
-    """Up to ``limit`` example calls of ``problem``'s function from its docstring, only those
-    with an expected result if any has one (a literal on the line after ``>>> call``, or after
-    ``==>``, ``==``, ``=>``, ``->`` or ``➞`` on the call's line); else the calls of its tests
-    (their arguments only: the expected values are hidden from the agent). Only calls with
-    literal arguments count (safe to run), and not calls without arguments."""
-    name = problem.entry_point
-    docstring = problem.prompt[max(0, problem.prompt.find(f"def {name}(")) :]
+    """Up to ``limit`` of ``problem``'s public tests (its docstring's examples,
+    :func:`agentrl.envs.code.examples.public_tests`), with calls that take arguments. Never
+    anything of the hidden tests: a problem whose docstring has no example gets none, and its
+    demonstration only checks that the function runs."""
     examples = []
-    for start, end, call in _literal_calls(docstring, name):
-        before = docstring[:start].rpartition("\n")[2]
-        rest, _, after = docstring[end:].partition("\n")
-        if ">>>" in before and not rest.strip():  # doctest: the result is on the next line
-            rest = after.lstrip("\n").partition("\n")[0]
-        examples.append(CodeExample(call, _literal_text(_RESULT_ARROW.sub("", rest, count=1))))
-    if not examples:
-        calls = _literal_calls(problem.test, "candidate")
-        examples = [CodeExample(name + call.removeprefix("candidate"), None) for *_, call in calls]
-    checked = [example for example in examples if example.expected is not None]
-    return (checked or examples)[:limit]
-
-
-_RESULT_ARROW = re.compile(r"^\s*(==>|==|=>|->|➞)?")
-
-
-def _literal_calls(text: str, name: str) -> Iterator[tuple[int, int, str]]:
-    """``(start, end, source)`` of each call ``name(...)`` in ``text`` whose arguments are all
-    literals (safe to run whatever they are), in order; not the ``def`` line."""
-    for match in re.finditer(rf"(?<![\w.]){re.escape(name)}\(", text):
-        if text[: match.start()].endswith("def "):
-            continue
-        depth = 0
-        for end in range(match.end() - 1, len(text)):
-            depth += (text[end] in "([{") - (text[end] in ")]}")
-            if depth == 0:
-                break
-        source = text[match.start() : end + 1]
-        try:
-            call = ast.parse(source, mode="eval").body
-            if not isinstance(call, ast.Call) or not (call.args or call.keywords):
-                continue
-            for argument in [*call.args, *(keyword.value for keyword in call.keywords)]:
-                ast.literal_eval(argument)
-        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
-            continue
-        yield match.start(), end + 1, source
-
-
-def _literal_text(text: str) -> str | None:
-    """``str`` of the Python literal ``text`` is (trailing ``.``, ``,`` or ``;`` aside), or None."""
-    text = text.strip().rstrip(".,;").strip()
-    try:
-        return str(ast.literal_eval(text)) if text else None
-    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
-        return None
+    for test in problem.public_tests:
+        call = ast.parse(test.call, mode="eval").body
+        if isinstance(call, ast.Call) and (call.args or call.keywords):
+            examples.append(CodeExample(test.call, str(ast.literal_eval(test.expected))))
+    return examples[:limit]
 
 
 @dataclass(frozen=True)
@@ -162,7 +117,7 @@ async def code_demonstration(env: Env, index: int) -> Row | None:
     code_env: Any = env.unwrapped  # a CodeEnv
     problem: CodeProblem = code_env.problems[index]
     examples = code_examples(problem)
-    checked = bool(examples) and all(example.expected is not None for example in examples)
+    checked = bool(examples)
     prompt = problem.prompt.lstrip("\n")
     program = prompt + problem.canonical_solution
     if index % 3 == 2 and checked:
@@ -181,7 +136,7 @@ async def _code_episode(
     if parser is None or "python" not in code_env.tools:
         return None
     expected = [example.expected for example in examples]
-    checked = bool(examples) and None not in expected
+    checked = bool(examples)
     prints = "".join(f"print({example.call})\n" for example in examples)
     if not prints:
         prints = f"print({code_env.problem.entry_point}.__name__, 'is defined')\n"
@@ -204,10 +159,9 @@ async def _code_episode(
         conversation.extend([{"role": "assistant", "content": text}, *observation])
         return str(observation[0]["content"])
 
-    where = "the examples from the docstring" if checked else "an example call"
     lead = (
-        f"Let me write the function and run it on {where}."
-        if examples
+        "Let me write the function and run it on the examples from the docstring."
+        if checked
         else "Let me write the function and check that it runs."
     )
     call = run(mutation.program if mutation else program)

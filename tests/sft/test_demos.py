@@ -13,7 +13,7 @@ from agentrl.cli import main
 from agentrl.envs import INFRA_ERROR
 from agentrl.envs.code import load_problems
 from agentrl.rollout.trajectory import Trajectory, Turn
-from agentrl.sft.code_demos import CodeExample, code_examples, code_mutations
+from agentrl.sft.code_demos import code_examples, code_mutations
 from agentrl.sft.demos import (
     constructed_demonstrations,
     math_solution_code,
@@ -67,19 +67,19 @@ def test_math_solution_code_is_none_for_other_text(question):
     assert math_solution_code(question) is None
 
 
-def test_code_examples_come_from_the_docstring_else_the_tests():
+def test_code_examples_are_the_public_tests_and_never_the_hidden_ones():
     problems = load_problems()
     first = code_examples(problems[0])  # doctest examples, result on the next line
     assert [(e.call, e.expected) for e in first] == [
         ("has_close_elements([1.0, 2.0, 3.0], 0.5)", "False"),
         ("has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3)", "True"),
     ]
-    # no literal call in the docstring: the tests' calls, without their expected values
-    assert code_examples(problems[83]) == [
-        CodeExample("starts_one_ends(1)", None),
-        CodeExample("starts_one_ends(2)", None),
-    ]
+    # no example in the docstring: nothing (the hidden tests' calls are not shown either)
+    assert code_examples(problems[83]) == []
     assert code_examples(problems[38]) == []  # decode_cyclic: tested on random strings only
+    for problem in problems:
+        public = {test.call for test in problem.public_tests}
+        assert all(example.call in public for example in code_examples(problem, limit=10))
 
 
 def test_code_mutations_plant_one_line_bugs_outside_while_loops():
