@@ -33,6 +33,22 @@ def smollm2():
     return load_model(MODEL, dtype="float32")
 
 
+@pytest.fixture(scope="session")
+def smollm2_rounding(smollm2, tokenizer):
+    """How far SmolLM2's float32 log-probs are from float64 ones on this CPU, at ``T = 1``:
+    ``(max, mean, magnitude)`` over every position of a fixed chat (`logprob_error`). The
+    reference for comparing two float32 evaluations of its log-probs (tests/float_tolerance.py);
+    at temperature ``T`` the logits' rounding is divided by ``T``. A float64 copy of the model and
+    one forward: about 5 s, once per session."""
+    from float_tolerance import logprob_error
+
+    messages = [
+        {"role": "user", "content": "Name three colours."},
+        {"role": "assistant", "content": "Red, green and blue: the primary colours of light."},
+    ]
+    return logprob_error(smollm2, list(tokenizer.apply_chat_template(messages, return_dict=False)))
+
+
 @pytest.fixture
 async def engine(smollm2, tokenizer):
     """A fresh LocalEngine (own prefix cache and stats) over the shared SmolLM2 weights."""

@@ -253,6 +253,15 @@ class LocalEngine:
             self._weights_epoch += 1
             self.prefix_cache.clear()  # computed by the old weights
 
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> torch.Tensor:
+        """The first ``truncate_size`` rows of the weight ``name`` (a ``state_dict`` key) as this
+        engine holds it, as a float32 CPU copy (exact for float32 and bfloat16 weights): SGLang's
+        ``get_weights_by_name``, to check what a weight sync delivered. ``KeyError`` for an
+        unknown name. Waits for the step in progress, so it never reads a half-loaded update."""
+        self._check_serving()
+        async with self._model_lock:
+            return await self._in_worker(_weight_rows, self.model, name, truncate_size)
+
     async def flush_cache(self) -> None:
         """Empty the prefix cache (SGLang's ``/flush_cache``); running requests are unaffected.
 
@@ -421,3 +430,10 @@ class LocalEngine:
 
     async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+
+def _weight_rows(model: PreTrainedModel, name: str, truncate_size: int) -> torch.Tensor:
+    weights = model.state_dict(keep_vars=True)
+    if name not in weights:
+        raise KeyError(f"no weight named {name!r}")
+    return weights[name].detach()[:truncate_size].to("cpu", torch.float32, copy=True)

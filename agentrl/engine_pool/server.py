@@ -22,6 +22,8 @@ either, and CPU users can run engines in separate processes. Routes:
 ``POST /init_weights_update_group``        join a gloo (CPU) or nccl group as ``rank_offset``
 ``POST /update_weights_from_distributed``  ``{"names", "dtypes", "shapes"}``: receive broadcasts
 ``POST /destroy_weights_update_group``     ``{"group_name"}``: leave the group
+``GET|POST /get_weights_by_name``         ``{"name", "truncate_size"}``: the first rows of a
+                                           weight as the engine holds it (float values)
 ========================================  ========================================================
 
 Where the client depends on it, it behaves as SGLang 0.5.23 does (``docs/sglang_http_api.md``):
@@ -111,6 +113,8 @@ class EngineServer:
                 post("/init_weights_update_group", self.init_weights_update_group),
                 post("/update_weights_from_distributed", self.update_weights_from_distributed),
                 post("/destroy_weights_update_group", self.destroy_weights_update_group),
+                get("/get_weights_by_name", self.get_weights_by_name),
+                post("/get_weights_by_name", self.get_weights_by_name),
             ]
         )
 
@@ -324,6 +328,21 @@ class EngineServer:
             return _answer(False, "The group to be destroyed does not exist.")
         await asyncio.to_thread(leave_group, group)
         return _answer(True, "Succeeded to destroy custom process group.")
+
+    async def get_weights_by_name(self, request: web.Request) -> web.Response:
+        """SGLang's route for checking a weight sync: ``{"name", "truncate_size": 100}`` answers
+        the weight's first ``truncate_size`` rows as (nested) lists of floats, or 400."""
+        body = await _json(request, default=dict(request.query))
+        try:
+            if not isinstance(body, dict):
+                raise TypeError("the body must be a JSON object")
+            name = str(body["name"])
+            rows = await self.engine.get_weights_by_name(name, int(body.get("truncate_size", 100)))
+        except (KeyError, TypeError, ValueError) as exc:
+            return web.json_response(error_body(f"get_weights_by_name: {exc}"), status=400)
+        except EngineError as exc:
+            return web.json_response(error_body(str(exc)), status=503)
+        return web.json_response(rows.tolist())
 
     async def begin_weight_update(self, request: web.Request) -> web.Response:
         await _json(request, default={})

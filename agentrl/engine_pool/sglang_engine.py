@@ -422,6 +422,14 @@ class SGLangEngine:
             raise EngineError(f"{self.url}{self._model_info_route}: not a JSON object: {info!r}")
         return info
 
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> torch.Tensor:
+        """The first ``truncate_size`` rows of the server's weight ``name`` as float32
+        (``/get_weights_by_name``): to check what a weight sync delivered."""
+        rows = await self._post(
+            "/get_weights_by_name", {"name": name, "truncate_size": truncate_size}
+        )
+        return torch.tensor(rows, dtype=torch.float32)
+
     async def server_info(self) -> dict[str, Any]:
         return await self._get("/server_info")
 

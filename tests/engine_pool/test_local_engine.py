@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import torch
 from engine_helpers import ZEROED, argmax_loop, wait_until
+from float_tolerance import tolerance
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentrl.engine_pool.engine import Engine, EngineError, SamplingParams
@@ -40,7 +41,7 @@ async def test_greedy_matches_a_full_forward_argmax_loop_even_when_batched(
 
 
 async def test_same_seed_gives_same_tokens_alone_and_in_a_mixed_batch(
-    engine: LocalEngine, chat_prompt: list[int]
+    engine: LocalEngine, chat_prompt: list[int], smollm2_rounding: tuple[float, float, float]
 ) -> None:
     sampling = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_new_tokens=10, seed=7)
     alone = await engine.generate(chat_prompt, sampling)
@@ -54,7 +55,10 @@ async def test_same_seed_gives_same_tokens_alone_and_in_a_mixed_batch(
     ]
     batched = (await asyncio.gather(*mixed))[1]
     assert batched.token_ids == alone.token_ids
-    assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    # two float32 evaluations of the same log-probs, in batches of other shapes: rounding apart
+    error, _, magnitude = smollm2_rounding  # at T = 1; T = 0.9 divides the logits' rounding by 0.9
+    atol = tolerance(error / 0.9, magnitude / 0.9)
+    assert batched.logprobs == pytest.approx(alone.logprobs, abs=atol)
 
 
 async def test_stops_on_eos_and_on_stop_ids_and_respects_max_new_tokens(

@@ -1,6 +1,11 @@
 """Training over a pool of `agentrl serve` processes started by the run: weight sync by tensors, disk
 or broadcast (gloo), every server's version checked after each step, a server killed mid-run or in
-the middle of a broadcast, two training ranks under torchrun, and a killed run's servers."""
+the middle of a broadcast, two training ranks under torchrun, and a killed run's servers.
+
+That the servers hold exactly the trained weights is checked on the weights themselves: each
+server's ``/get_weights_by_name`` against the actor's, bit for bit. The train/inference mismatch is
+bounded by what float32 rounding explains in the same run: `test_loop.mismatch_bound` of the
+mismatch at step 1, when both sides hold the weights loaded from ``tiny_policy_dir``."""
 
 import contextlib
 import os
@@ -11,10 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_loop import subprocess_env, tiny_config
+import torch
+from test_loop import mismatch_bound, subprocess_env, tiny_config
 
 from agentrl.trainer.loop import Trainer
 from agentrl.trainer.metrics import read_metrics
+from agentrl.trainer.weight_sync import engine_parameter_name
 
 pytestmark = pytest.mark.slow
 
@@ -38,22 +45,55 @@ async def server_versions(trainer):
     ]
 
 
+ROWS = 100  # rows per weight read back (SGLang's default): all of every tiny-policy matrix but
+# the embedding's (49152 rows)
+
+
+def actor_weights(trainer):
+    """The actor's full float32 weights, by the names engines load them under."""
+    return {
+        engine_parameter_name(name): param.full_tensor().detach().clone()
+        for name, param in trainer.actor.model.named_parameters()
+    }
+
+
+async def assert_servers_hold_the_actors_weights(trainer, servers=None):
+    """Every server (by default every pool member) holds exactly the actor's weights, in the
+    servers' dtype: the first ``ROWS`` rows of every parameter, compared bit for bit."""
+    dtype = getattr(torch, trainer.engine_dtype)
+    expected = actor_weights(trainer)
+    for server in servers or [m.engine for m in trainer.engines.pool.members]:
+        for name, weight in expected.items():
+            held = await server.get_weights_by_name(name, ROWS)
+            assert torch.equal(held, weight[:ROWS].to(dtype).float()), f"{server.url}: {name}"
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("weight_sync", ["broadcast", "tensor", "disk"])
 async def test_two_servers_train_and_take_every_version(tiny_policy_dir, tmp_path, weight_sync):
     config = pool_config(tiny_policy_dir, tmp_path, weight_sync)
     async with Trainer(config, show_progress=False) as trainer:
         assert await server_versions(trainer) == [0, 0]
+        await assert_servers_hold_the_actors_weights(trainer)
+        initial = actor_weights(trainer)
         for step in (1, 2):
             record = await trainer.step()
             assert await server_versions(trainer) == [step, step]
             assert record["pool/healthy"] == 2 and record["weight_sync/fallback"] == 0
+            await assert_servers_hold_the_actors_weights(trainer)
+        # the check tells versions apart: the weights it compared have moved since version 0
+        assert not torch.equal(
+            actor_weights(trainer)["model.norm.weight"], initial["model.norm.weight"]
+        )
         served = [m.served for m in trainer.engines.pool.members]
     assert all(n > 0 for n in served), f"both servers generate: {served}"
     rows = read_metrics(tmp_path / "metrics.jsonl")
-    # step 2 trained on tokens the servers sampled with the step-1 weights: their log-probs are
-    # the trainer's only if the sync delivered exactly those weights
-    assert rows[-1]["version/trained_on"] == 1 and rows[-1]["mismatch/max_abs"] < 1e-3
+    # step 2 trained on tokens the servers sampled with the step-1 weights, which they held
+    # exactly (checked above): the log-probs differ by rounding only, as at step 1
+    assert rows[-1]["version/trained_on"] == 1
+    assert rows[-1]["mismatch/max_abs"] < mismatch_bound(
+        rows[0]["mismatch/max_abs"], tiny_policy_dir
+    )
     assert (tmp_path / "engines" / "serve-0.log").exists()
     if weight_sync == "disk":
         assert (tmp_path / "weights" / "config.json").exists()
@@ -63,20 +103,25 @@ async def test_two_servers_train_and_take_every_version(tiny_policy_dir, tmp_pat
 async def test_a_server_killed_mid_run_loses_no_trajectory(tiny_policy_dir, tmp_path):
     config = pool_config(tiny_policy_dir, tmp_path, "broadcast", "trainer.steps=3")
     async with Trainer(config, show_progress=False) as trainer:
-        await trainer.step()
+        first = await trainer.step()
         victim = trainer.engines.pool.members[0].engine
         victim.process.kill()  # the server dies between steps, while the next rollouts run
         victim.process.wait()
         second = await trainer.step()
-        third = await trainer.step()
         survivor = trainer.engines.pool.members[1].engine
+        assert int((await survivor.model_info())["weight_version"]) == 2
+        await assert_servers_hold_the_actors_weights(trainer, [survivor])  # the step-2 weights
+        third = await trainer.step()
         assert int((await survivor.model_info())["weight_version"]) == 3
+        await assert_servers_hold_the_actors_weights(trainer, [survivor])
     for record in (second, third):
         assert record["episodes/count"] == 8 and record["episodes/errors"] == 0
     assert third["pool/healthy"] == 1 and third["pool/out_of_rotation"] == 1
     # a broadcast needs the whole group: it was formed again over the survivor, once
     assert third["weight_sync/group_rebuilds"] == 1 and third["weight_sync/fallback"] == 0
-    assert third["mismatch/max_abs"] < 1e-3  # the survivor sampled with exactly the step-2 weights
+    # the survivor sampled step 3's tokens with version 2, exactly the step-2 weights (above)
+    assert third["version/trained_on"] == 2
+    assert third["mismatch/max_abs"] < mismatch_bound(first["mismatch/max_abs"], tiny_policy_dir)
 
 
 @pytest.mark.timeout(600)
@@ -93,7 +138,7 @@ async def test_a_server_dying_during_the_broadcast_gets_the_weights_by_tensor(
         "trainer.weight_sync_bucket_mb=1",  # several buckets: one broadcast, then tensors
     )
     async with Trainer(config, show_progress=False) as trainer:
-        await trainer.step()
+        first = await trainer.step()
         members = trainer.engines.pool.members
         victim, survivor = members[0].engine, members[1].engine
         group = trainer.engines.group
@@ -112,15 +157,18 @@ async def test_a_server_dying_during_the_broadcast_gets_the_weights_by_tensor(
             second = await trainer.step()
         assert pushes == [2, 2], "the second broadcast failed and the rest went by tensor"
         assert int((await survivor.model_info())["weight_version"]) == 2
+        # weights that came half by broadcast, half by tensor: the trainer's exactly
+        await assert_servers_hold_the_actors_weights(trainer, [survivor])
         assert trainer.engines.group is None  # abandoned: formed again at the next sync
         third = await trainer.step()
         assert trainer.engines.group is not None and trainer.engines.group.engines == [survivor]
         assert int((await survivor.model_info())["weight_version"]) == 3
+        await assert_servers_hold_the_actors_weights(trainer, [survivor])
     assert second["weight_sync/fallback"] == 1 and second["pool/healthy"] == 1
     assert third["weight_sync/fallback"] == 1 and third["weight_sync/group_rebuilds"] == 1
-    # step 3 trained on tokens the survivor sampled with weights that came half by broadcast,
-    # half by tensor: they are the trainer's exactly
-    assert third["version/trained_on"] == 2 and third["mismatch/max_abs"] < 1e-3
+    # step 3 trained on tokens the survivor sampled with those weights
+    assert third["version/trained_on"] == 2
+    assert third["mismatch/max_abs"] < mismatch_bound(first["mismatch/max_abs"], tiny_policy_dir)
     assert third["episodes/errors"] == 0
 
 
@@ -136,17 +184,22 @@ async def test_partial_rollouts_and_staleness_across_the_pool(tiny_policy_dir, t
         "rollout.max_new_tokens=64",
     )
     async with Trainer(config, show_progress=False) as trainer:
-        records = [await trainer.step() for _ in range(3)]
+        records = []
+        for _ in range(3):
+            records.append(await trainer.step())
+            await assert_servers_hold_the_actors_weights(trainer)
         assert await server_versions(trainer) == [3, 3]
+    assert records[0]["mismatch/on_policy_fraction"] == 1.0  # nothing is stale at the start
+    # step 1: both sides hold the initial weights; what rounding explains follows from it
+    bound = mismatch_bound(records[0]["mismatch/on_policy_max_abs"], tiny_policy_dir)
     for record in records:
         assert record["episodes/errors"] == 0 and record["pool/healthy"] == 2
         assert record["staleness/staleness_max"] <= 1
         # the tokens the trainer's own weights sampled score the same in the trainer (float32
         # servers, tensor sync); stale ones may not, and only mismatch/* counts them
         if record["mismatch/on_policy_fraction"] > 0:
-            assert record["mismatch/on_policy_max_abs"] < 1e-3
+            assert record["mismatch/on_policy_max_abs"] < bound
             assert record["mismatch/on_policy_max_abs"] <= record["mismatch/max_abs"]
-    assert records[0]["mismatch/on_policy_fraction"] == 1.0  # nothing is stale at the start
     assert records[-1]["version/trained_on"] == 2
 
 
@@ -159,9 +212,13 @@ async def test_a_run_over_a_pool_resumes_with_the_pool(tiny_policy_dir, tmp_path
     async with Trainer(again, show_progress=False) as trainer:
         assert trainer.actor.step == 1
         assert await server_versions(trainer) == [1, 1]  # new servers took the checkpoint's weights
+        await assert_servers_hold_the_actors_weights(trainer)
         record = await trainer.step()
         assert await server_versions(trainer) == [2, 2]
-    assert record["mismatch/max_abs"] < 1e-3 and record["episodes/errors"] == 0
+        await assert_servers_hold_the_actors_weights(trainer)
+    step_1 = read_metrics(tmp_path / "metrics.jsonl")[0]  # the first run's, same weights both sides
+    assert record["version/trained_on"] == 1 and record["episodes/errors"] == 0
+    assert record["mismatch/max_abs"] < mismatch_bound(step_1["mismatch/max_abs"], tiny_policy_dir)
 
 
 def serve_children(pid):
@@ -210,8 +267,11 @@ def test_two_ranks_train_over_the_pool_under_torchrun(tiny_policy_dir, tmp_path)
         assert row["pool/healthy"] == 2 and row["episodes/errors"] == 0
         assert row["weight_sync/fallback"] == 0 and row["weight_sync/group_rebuilds"] == 0
     # step 2 trained on tokens both servers sampled with the step-1 weights gathered from the
-    # two ranks' shards
-    assert rows[-1]["version/trained_on"] == 1 and rows[-1]["mismatch/max_abs"] < 1e-3
+    # two ranks' shards: rounding apart, as at step 1, when both sides held the initial weights
+    assert rows[-1]["version/trained_on"] == 1
+    assert rows[-1]["mismatch/max_abs"] < mismatch_bound(
+        rows[0]["mismatch/max_abs"], tiny_policy_dir
+    )
     assert len(list((out / "engines").glob("serve-*.log"))) == 2
 
 
@@ -249,11 +309,14 @@ async def test_servers_placed_by_ray_train_and_end_with_the_run(tiny_policy_dir,
         assert ray.is_initialized()  # a local instance, started by the run
         pids = [await actor.pid.remote() for actor in trainer.engines.actors]
         assert len(set(pids)) == 2
+        records = []
         for step in (1, 2):
-            record = await trainer.step()
+            records.append(record := await trainer.step())
             assert await server_versions(trainer) == [step, step]
             assert record["pool/healthy"] == 2 and record["episodes/errors"] == 0
-    assert record["mismatch/max_abs"] < 1e-3
+            await assert_servers_hold_the_actors_weights(trainer)
+    bound = mismatch_bound(records[0]["mismatch/max_abs"], tiny_policy_dir)
+    assert records[1]["mismatch/max_abs"] < bound
     assert not ray.is_initialized()
     assert all_gone(pids)
 
