@@ -19,8 +19,6 @@ import functools
 import itertools
 import json
 import math
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +43,7 @@ from fsdp_worker import (
     tiny_llama,
 )
 from torch import nn
+from torchrun_jobs import run_torchrun
 
 from agentrl.config import ConfigError
 from agentrl.trainer.actor import Actor, ActorConfig, mixed_precision_policy
@@ -264,20 +263,9 @@ def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp2")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc_per_node", "2", str(WORKER), "--out", str(out), "--steps", str(STEPS)]
-    # PYTHONFAULTHANDLER: a rank that aborts in C++ prints every thread's Python stack
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
-    failures = []
-    for _ in range(3):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-        if done.returncode == 0:
-            return out
-        failures.append(done.stderr[-4000:])
-        # A rank aborting with "terminate called without an active exception" and no Python
-        # traceback was seen in CI, twice in a row in one fresh-check, never in 12 runs alone;
-        # the job is run again (up to 3 times) on that signature only, and its stacks are kept.
-        if "terminate called without an active exception" not in done.stderr:
-            break
-    pytest.fail("\n---- next attempt ----\n".join(failures), pytrace=False)
+    done = run_torchrun(command, timeout=300)
+    assert done.returncode == 0, done.stderr[-8000:]
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from checkpoint_worker import STEPS, full_state, other_llama, rng_draws, seed_ev
 from float_tolerance import assert_within, float32_tolerance
 from fsdp_worker import actor_config, global_batch, nll_loss, one_process_group, tiny_llama
 from safetensors.torch import load_file
+from torchrun_jobs import run_torchrun
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -282,8 +282,8 @@ def two_process_run(
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc_per_node", "2", str(WORKER), "--out", str(out)]
     command += ["--load", str(one_process_checkpoint[0])]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = run_torchrun(command, timeout=300)
+    assert done.returncode == 0, done.stderr[-8000:]
     return out
 
 

@@ -20,7 +20,6 @@ not the CPU's.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ from float_tolerance import assert_within, float32_tolerance, tolerance
 from fsdp_worker import actor_config, global_batch, nll_loss, one_process_group, tiny_llama
 from safetensors.torch import load_file
 from torch import nn
+from torchrun_jobs import run_torchrun
 
 from agentrl.config import ConfigError
 from agentrl.fp8_weights import dequantize_named_tensors, round_trip, scale_name
@@ -109,10 +109,7 @@ def run_job(out: Path, recipe: str, processes: int) -> dict:
     command = [str(TORCHAO_PYTHON), "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc_per_node", str(processes), str(WORKER), "--out", str(out)]
     command += ["--steps", str(STEPS), "--fp8", recipe, "--export"]
-    # a rank that crashes in native code (one SIGABRT once, "terminate called without an active
-    # exception", not reproduced since) prints its Python and C++ stacks
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "TORCH_SHOW_CPP_STACKTRACES": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=400, env=env)
+    done = run_torchrun(command, timeout=400)
     noise = ("register_constant", "Failed to load")  # torchao's warnings, its CUDA-only libraries
     log = "\n".join(line for line in done.stderr.splitlines() if not any(n in line for n in noise))
     assert done.returncode == 0, log[-8000:]
