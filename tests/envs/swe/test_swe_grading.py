@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,17 @@ TREES = BaseTrees()
 BACKENDS = ("container", "bwrap")
 # Every attack on one instance per project (three layouts: tests in a package, in a directory, at
 # the root) on the faster backend, and on the issue's instance in its image too.
+# AGENTRL_SWE_ATTACKS=all runs every attack on every shipped instance and both backends instead
+# (about 1,600 gradings: an hour on 2 cores; docs/swe_tasks.md has the last such run).
 CLASS_RUNS = (
-    ("toolz__1.2.0-5", "container"),
-    ("toolz__1.2.0-5", "bwrap"),
-    ("tabulate__0.10.0-2", "bwrap"),
-    ("inflection__0.5.1-1", "bwrap"),
+    tuple((instance.instance_id, backend) for instance in INSTANCES for backend in BACKENDS)
+    if os.environ.get("AGENTRL_SWE_ATTACKS") == "all"
+    else (
+        ("toolz__1.2.0-5", "container"),
+        ("toolz__1.2.0-5", "bwrap"),
+        ("tabulate__0.10.0-2", "bwrap"),
+        ("inflection__0.5.1-1", "bwrap"),
+    )
 )
 # Every instance: the gold patch in its image (container), and on the faster backend the honest
 # patches and the first attack of the issue that found the holes. An attack's outcome depends on the
