@@ -53,9 +53,9 @@ TYPED := agentrl/engine_pool/engine.py agentrl/engine_pool/sglang_api.py \
 	agentrl/engine_pool/weight_group.py agentrl/engine_pool/pool.py \
 	agentrl/tokenization/*.py agentrl/models.py agentrl/rollout/mixture.py \
 	agentrl/rollout/runner.py agentrl/rollout/trajectory.py agentrl/trainer/engines.py \
-	agentrl/trainer/rl_batch.py agentrl/trainer/advantages.py agentrl/trainer/off_policy.py \
+	agentrl/trainer/rl_batch.py agentrl/algorithms/*.py \
 	agentrl/trainer/critic.py \
-	agentrl/trainer/losses.py agentrl/trainer/logprobs.py agentrl/trainer/metrics.py \
+	agentrl/trainer/logprobs.py agentrl/trainer/metrics.py \
 	agentrl/tools/retriever.py agentrl/tools/retriever_service.py \
 	agentrl/tools/retrieval_corpus.py agentrl/tools/retriever_cli.py agentrl/envs/search/*.py \
 	agentrl/envs/data_files.py agentrl/envs/swe/*.py agentrl/envs/swe/taskgen/*.py \

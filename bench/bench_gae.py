@@ -4,12 +4,12 @@ A batch of ``--batch`` multi-turn trajectories of ``T`` tokens each: runs of los
 policy's turns) separated by mask-0 runs (tool results), a reward on each turn's last token, random
 values. Three implementations compute the same advantages and returns:
 
-* **python loop**: `agentrl.trainer.gae.gae_reference` on each row, in Python floats (tensor to list
+* **python loop**: `agentrl.algorithms.gae.gae_reference` on each row, in Python floats (tensor to list
   and back included);
 * **torch loop**: the backward loop over time on the ``(B, T)`` tensors, the form verl and
   OpenRLHF use (a handful of small tensor ops per token position), here also skipping mask-0
   positions;
-* **agentrl**: `agentrl.trainer.gae.gae`, the chunked parallel scan (``--chunk``).
+* **agentrl**: `agentrl.algorithms.gae.gae`, the chunked parallel scan (``--chunk``).
 
 Prints the time of each (best of ``--repeats``), the ratios of the loops to agentrl (target
 >= 100x at 16k) and the largest difference from the float64 python loop.
@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from agentrl.trainer.gae import gae, gae_reference
+from agentrl.algorithms.gae import gae, gae_reference
 
 GAMMA, LAM = 1.0, 0.95
 

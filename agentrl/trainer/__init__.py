@@ -2,20 +2,14 @@
 weight sync into engines, the log-prob functions shared with the engines, and the training loop
 (:class:`Trainer`, configured by :class:`TrainConfig`) with its checkpoints and metrics."""
 
-from agentrl.trainer.actor import Actor, ActorConfig, LossFn
-from agentrl.trainer.advantages import (
+from agentrl.algorithms.advantages import (
     broadcast_to_tokens,
     group_centered,
     grpo_advantages,
     reinforce_pp_advantages,
 )
-from agentrl.trainer.batching import balance_across_ranks, plan_micro_batches, plan_tokens
-from agentrl.trainer.checkpoint import CheckpointManager, export_hf
-from agentrl.trainer.distributed import DistInfo, destroy, distributed, init_distributed
-from agentrl.trainer.gae import discounted_reverse_cumsum, gae, gae_reference
-from agentrl.trainer.logprobs import logprob_mismatch, token_logprobs
-from agentrl.trainer.loop import RunSummary, Trainer
-from agentrl.trainer.losses import (
+from agentrl.algorithms.gae import discounted_reverse_cumsum, gae, gae_reference
+from agentrl.algorithms.losses import (
     Aggregation,
     KLEstimator,
     aggregate,
@@ -24,14 +18,20 @@ from agentrl.trainer.losses import (
     loss_denominator,
     policy_loss,
 )
-from agentrl.trainer.metrics import MetricsLogger, read_metrics
-from agentrl.trainer.off_policy import (
+from agentrl.algorithms.off_policy import (
     StalenessDecision,
     importance_weights,
     mismatch_metrics,
     staleness,
     staleness_policy,
 )
+from agentrl.trainer.actor import Actor, ActorConfig, LossFn
+from agentrl.trainer.batching import balance_across_ranks, plan_micro_batches, plan_tokens
+from agentrl.trainer.checkpoint import CheckpointManager, export_hf
+from agentrl.trainer.distributed import DistInfo, destroy, distributed, init_distributed
+from agentrl.trainer.logprobs import logprob_mismatch, token_logprobs
+from agentrl.trainer.loop import RunSummary, Trainer
+from agentrl.trainer.metrics import MetricsLogger, read_metrics
 from agentrl.trainer.optim import lr_factor
 from agentrl.trainer.packing import (
     FILLER,

@@ -16,14 +16,14 @@ One trainer step (:func:`agentrl.trainer.loop.train_on_batch` with a :class:`Cri
 1. :meth:`Critic.prepare`: the current critic's values at every token of every micro-batch (no
    grad); each trajectory's reward on its last loss token (``token_rewards``, placed by
    :func:`~agentrl.trainer.rl_batch.build_batch`); advantages and returns by the chunked GAE
-   (:func:`~agentrl.trainer.gae.gae`), which steps over the loss tokens only, so the prompt, tool
+   (:func:`~agentrl.algorithms.gae.gae`), which steps over the loss tokens only, so the prompt, tool
    results and every other environment token of a multi-turn trajectory are skipped, neither
    discounted nor valued; then the advantages are whitened over every loss token of the batch on
    every rank (mean and Bessel-corrected variance, as verl's ``masked_whiten``). They replace the
    micro-batches' ``advantages``; ``values`` (the old values) and ``returns`` are stored beside them.
 2. Each PPO update of the policy (every mini-batch of every epoch) is followed by one of the
    critic on the same micro-batches (:meth:`Critic.update`): PPO's clipped value loss
-   (:func:`~agentrl.trainer.losses.value_loss`, token-mean) against ``returns``, clipped around
+   (:func:`~agentrl.algorithms.losses.value_loss`, token-mean) against ``returns``, clipped around
    the old values.
 
 Metrics: ``critic/loss``, ``critic/grad_norm``, ``critic/lr``, ``critic/clip_fraction``,
@@ -48,11 +48,11 @@ from pydantic import Field
 from torch import nn
 from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
 
+from agentrl.algorithms.gae import gae
+from agentrl.algorithms.losses import loss_denominator, value_loss
 from agentrl.models import resolve_model
 from agentrl.trainer.actor import Actor, ActorConfig
 from agentrl.trainer.distributed import all_reduce_sum
-from agentrl.trainer.gae import gae
-from agentrl.trainer.losses import loss_denominator, value_loss
 from agentrl.trainer.packing import PACKED_ATTENTION, PackedMicroBatch
 
 # The value head's output is a view (a linear layer over a 3-D input); nothing here changes it in

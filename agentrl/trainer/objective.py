@@ -5,17 +5,17 @@ the LM head runs only where a loss token is predicted) and their logits; everyth
 per-sequence rows (:meth:`PackedMicroBatch.as_rows`) so that sequence-level aggregation and GSPO
 see one row per trajectory:
 
-* the policy loss (:func:`~agentrl.trainer.losses.policy_loss`: PPO-clip with dual-clip, GSPO or
+* the policy loss (:func:`~agentrl.algorithms.losses.policy_loss`: PPO-clip with dual-clip, GSPO or
   CISPO) against ``old_logprobs``: the trainer's own log-probs before the step's first update, or
   the engine's. With one optimizer step per batch the current log-probs, detached, *are* the
   pre-update values, so no second forward is needed; with several (PPO mini-batches or epochs)
   :meth:`Objective.with_old_logprobs` stores them in the micro-batch first (field
   ``old_logprobs``), and the ratio to them moves, and is clipped, after the first update;
 * with trainer ``old_logprobs``, importance weights from the engine's distribution to the
-  trainer's old one (:func:`~agentrl.trainer.off_policy.importance_weights`, TIS or MIS): this corrects
+  trainer's old one (:func:`~agentrl.algorithms.off_policy.importance_weights`, TIS or MIS): this corrects
   both numerical mismatch and staleness, because the engine's log-probs were computed by the
   weights that sampled each token;
-* optionally, rejection (:func:`~agentrl.trainer.off_policy.rejection_mask`): tokens or whole
+* optionally, rejection (:func:`~agentrl.algorithms.off_policy.rejection_mask`): tokens or whole
   sequences whose trainer/engine ratio leaves a band get weight 0 (the others keep their
   importance weight, or 1);
 * an optional KL penalty to a frozen reference model;
@@ -40,15 +40,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agentrl.engine_pool.sampling import logprob_temperature
-from agentrl.trainer.losses import (
+from agentrl.algorithms.losses import (
     aggregate,
     entropy_from_logits,
     kl_penalty,
     loss_denominator,
     policy_loss,
 )
-from agentrl.trainer.off_policy import importance_weights, mismatch_metrics, rejection_mask
+from agentrl.algorithms.off_policy import importance_weights, mismatch_metrics, rejection_mask
+from agentrl.engine_pool.sampling import logprob_temperature
 from agentrl.trainer.packing import PackedMicroBatch, packed_forward
 from agentrl.trainer.train_config import AlgorithmConfig
 

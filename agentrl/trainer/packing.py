@@ -26,7 +26,7 @@ attention skip the masked blocks.
 
 Losses: sums over tokens work on the packed ``(1, T)`` tensors directly (fillers and first tokens
 have loss mask 0); per-sequence reductions (the sequence-mean modes of
-:mod:`agentrl.trainer.losses`) need one row per sequence, :meth:`PackedMicroBatch.as_rows`.
+:mod:`agentrl.algorithms.losses`) need one row per sequence, :meth:`PackedMicroBatch.as_rows`.
 
 Inputs are :class:`~agentrl.tokenization.TokenTrajectory` records (per-token fields ``logprobs``
 and ``versions`` come along) or mappings of per-token columns: ``input_ids`` and ``loss_mask`` are
@@ -115,7 +115,7 @@ class PackedMicroBatch:
     def as_rows(self, values: torch.Tensor, fill: float = 0) -> torch.Tensor:
         """:meth:`unpack`, right-padded with ``fill`` into ``(S, max length, ...)``: one row per
         segment, for per-sequence reductions (the ``(N, T)`` layout of
-        :mod:`agentrl.trainer.losses`, whose sequence-mean modes need one row per sequence).
+        :mod:`agentrl.algorithms.losses`, whose sequence-mean modes need one row per sequence).
         Differentiable."""
         return pad_sequence(self.unpack(values), batch_first=True, padding_value=fill)
 

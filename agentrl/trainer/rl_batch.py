@@ -12,7 +12,7 @@ per-token weight ``versions`` and the trajectory's ``advantages``), ready for
   reward metrics (``reward/*``, ``env/NAME/reward_mean``) are over the judged episodes only. A
   group that failures left with fewer than two valid samples (out of two or more) is dropped or
   kept by ``AlgorithmConfig.small_groups`` and counted in ``batch/small_groups``.
-* The staleness bound (:func:`agentrl.trainer.off_policy.staleness_policy`) is applied per token;
+* The staleness bound (:func:`agentrl.algorithms.off_policy.staleness_policy`) is applied per token;
   under ``drop`` a group with any stale token is dropped whole, so groups stay together. It is
   applied before the advantages, so that REINFORCE++'s batch whitening, which is over loss tokens
   (each trajectory weighs its loss-token count), covers exactly the tokens trained on.
@@ -36,10 +36,10 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from agentrl.algorithms.advantages import grpo_advantages, reinforce_pp_advantages
+from agentrl.algorithms.off_policy import staleness_policy
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.trainer.advantages import grpo_advantages, reinforce_pp_advantages
 from agentrl.trainer.critic import TOKEN_REWARDS
-from agentrl.trainer.off_policy import staleness_policy
 from agentrl.trainer.train_config import AlgorithmConfig, StreamConfig
 
 

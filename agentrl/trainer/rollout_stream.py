@@ -13,7 +13,7 @@ Launch allowance (the staleness bound's first half, as in AReaL). At most ``(1 +
 the engine: synchronous on-policy training, where the queue never holds more than one batch.
 With ``k > 0`` rollouts for the next ``k`` steps run while the trainer trains; a group that is
 slower than its peers can still be consumed later than planned, so the trainer also applies the
-bound per token (:func:`agentrl.trainer.off_policy.staleness_policy`) when it builds the batch.
+bound per token (:func:`agentrl.algorithms.off_policy.staleness_policy`) when it builds the batch.
 
 Dynamic sampling (DAPO). :meth:`next_groups_with_signal` filters out groups a predicate finds
 without signal (all rewards equal) and draws replacements: each replacement is one more launch

@@ -15,11 +15,11 @@ from typing import Any, Literal, Self
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from agentrl.algorithms.losses import Aggregation, KLEstimator, PolicyLossKind
+from agentrl.algorithms.off_policy import ImportanceLevel, StalenessMode
 from agentrl.config import Config, ConfigError
 from agentrl.trainer.actor import ActorConfig
 from agentrl.trainer.critic import CriticConfig
-from agentrl.trainer.losses import Aggregation, KLEstimator, PolicyLossKind
-from agentrl.trainer.off_policy import ImportanceLevel, StalenessMode
 
 
 class ModelConfig(Config):
@@ -233,7 +233,7 @@ class AlgorithmConfig(Config):
     cispo_clip_high: float = Field(0.28, ge=0)
     """``cispo``: weights above ``1 + cispo_clip_high`` are cut to it."""
     aggregation: Aggregation = "token-mean"
-    """How per-token losses reduce to one number (see agentrl.trainer.losses)."""
+    """How per-token losses reduce to one number (see agentrl.algorithms.losses)."""
     norm_length: int | None = Field(None, ge=1)
     """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO); defaults to max_new_tokens."""
     old_logprobs: Literal["trainer", "engine"] = "trainer"

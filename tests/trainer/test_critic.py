@@ -17,6 +17,8 @@ from float_tolerance import assert_within, float32_tolerance, tolerance
 from fsdp_worker import one_process_group, tiny_llama
 from test_loop import mismatch_bound, tiny_config, train
 
+from agentrl.algorithms.gae import gae_reference
+from agentrl.algorithms.losses import value_loss
 from agentrl.config import ConfigError
 from agentrl.trainer.actor import Actor
 from agentrl.trainer.checkpoint import CheckpointManager
@@ -29,9 +31,7 @@ from agentrl.trainer.critic import (
     whitening,
 )
 from agentrl.trainer.distributed import DistInfo
-from agentrl.trainer.gae import gae_reference
 from agentrl.trainer.loop import train_on_batch
-from agentrl.trainer.losses import value_loss
 from agentrl.trainer.metrics import read_metrics
 from agentrl.trainer.objective import Objective
 from agentrl.trainer.packing import pack_for_rank

@@ -5,10 +5,10 @@ from math import isnan
 import pytest
 import torch
 
+from agentrl.algorithms.advantages import grpo_advantages
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.tokenization import TokenTrajectory
 from agentrl.tokenization.trajectory import Segment, SegmentKind
-from agentrl.trainer.advantages import grpo_advantages
 from agentrl.trainer.rl_batch import build_batch
 from agentrl.trainer.train_config import AlgorithmConfig, StreamConfig
 

@@ -40,15 +40,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.trainer.advantages import (
+from agentrl.algorithms.advantages import (
     broadcast_to_tokens,
     grpo_advantages,
     reinforce_pp_advantages,
 )
+from agentrl.algorithms.gae import gae
+from agentrl.algorithms.losses import kl_penalty, policy_loss, value_loss
+from agentrl.algorithms.off_policy import importance_weights, rejection_mask
 from agentrl.trainer.critic import whitening
-from agentrl.trainer.gae import gae
-from agentrl.trainer.losses import kl_penalty, policy_loss, value_loss
-from agentrl.trainer.off_policy import importance_weights, rejection_mask
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from agentrl.trainer.advantages import (
+from agentrl.algorithms.advantages import (
     broadcast_to_tokens,
     grpo_advantages,
     reinforce_pp_advantages,

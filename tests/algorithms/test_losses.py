@@ -11,7 +11,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from agentrl.trainer.losses import (
+from agentrl.algorithms.losses import (
     aggregate,
     entropy_from_logits,
     kl_penalty,

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.trainer.off_policy import (
+from agentrl.algorithms.off_policy import (
     importance_weights,
     mismatch_metrics,
     rejection_mask,

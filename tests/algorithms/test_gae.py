@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.trainer.gae import discounted_reverse_cumsum, gae, gae_reference
+from agentrl.algorithms.gae import discounted_reverse_cumsum, gae, gae_reference
 
 unit = st.floats(0.0, 1.0)
 coefficients = st.one_of(st.sampled_from([0.0, 1.0, 0.5, 0.99]), unit)
