@@ -82,7 +82,7 @@ MAX_PATCH_BYTES = 1 << 20
 """A larger patch scores 0 without being run."""
 
 _HERE = Path(__file__).parent
-_PLUGIN = _HERE / "taskgen" / "agentrl_taskgen_report.py"
+_PLUGIN = (_HERE / "taskgen" / "agentrl_taskgen_report.py").read_bytes()
 _TREE_GUARD = Path(tree_guard.__file__).read_bytes()
 _PYTEST_ENTRY = Path(pytest_entry.__file__).read_bytes()
 _MAX_LOG_BYTES = 8 << 20
@@ -257,7 +257,7 @@ class _Grading:
         for name, data in (
             ("tree_guard.py", _TREE_GUARD),
             ("pytest_entry.py", _PYTEST_ENTRY),
-            (f"{pytest_entry.PLUGIN_MODULE}.py", _PLUGIN.read_bytes()),
+            (f"{pytest_entry.PLUGIN_MODULE}.py", _PLUGIN),
             ("config/pytest.ini", b""),
             ("test.patch", self.instance.test_patch.encode()),
         ):
@@ -278,7 +278,9 @@ class _Grading:
     async def _probe(self) -> tuple[list[str], str | None]:
         """pytest's options that fix its configuration to what the base tree (with
         ``test_patch``) gives, and the configuration file's path in the repository."""
-        result = await self._exec(self._runner("--probe", "--noconftest", *self.tests), timeout=120)
+        result = await self._exec(
+            self._runner("--noconftest", *self.tests, probe=True), timeout=120
+        )
         found = None
         for line in result.stdout.splitlines():
             if line.startswith(pytest_entry.PROBE_MARK):
@@ -346,14 +348,13 @@ class _Grading:
             exit_code=None if run.timed_out else run.exit_code,
         )
 
-    def _runner(self, *args: str) -> list[str]:
+    def _runner(self, *args: str, probe: bool = False) -> list[str]:
         """The argv that starts pytest through :mod:`~agentrl.envs.swe.pytest_entry`."""
         scratch = self.scratch
         entry = [self.python, "-s", f"{scratch}/pytest_entry.py", REPO_DIR]
         plugin = f"{scratch}/{pytest_entry.PLUGIN_MODULE}.py"
-        options = ["--probe"] if args[:1] == ("--probe",) else []
-        rest = args[1:] if options else args
-        return [*entry, plugin, *options, "--", *self.runner_args, *rest]
+        options = ["--probe"] if probe else []
+        return [*entry, plugin, *options, "--", *self.runner_args, *args]
 
     async def _guard(self, command: str, *paths: str) -> Any:
         """Run :mod:`~agentrl.envs.swe.tree_guard` in the sandbox; its failure is a fault."""
@@ -378,7 +379,7 @@ class _Grading:
         return False
 
     async def _sh(self, script: str, *, check: bool = True) -> Any:
-        result = await self._exec(["sh", "-c", f"cd {REPO_DIR} && {script}"], timeout=120)
+        result = await self._exec(["sh", "-c", script], timeout=120)  # in REPO_DIR
         if check and result.exit_code != 0:
             raise GradingFault(f"`{script}` failed: {result.stderr.strip()[-1000:]}")
         return result

@@ -42,18 +42,21 @@ def save(repo: str, store: str, paths: list[str]) -> None:
         is_file = os.path.isfile(source) and not os.path.islink(source)
         manifest["present"][path] = is_file
         if is_file:
-            target = os.path.join(store, _FILES, path)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.copy2(source, target)
+            _keep(repo, store, path)
     if "conftests" not in manifest:
         conftests, links, _ = _scan(repo)
         manifest |= {"conftests": sorted(conftests), "links": sorted(links)}
         for path in conftests:
-            target = os.path.join(store, _FILES, path)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.copy2(os.path.join(repo, path), target)
+            _keep(repo, store, path)
     with open(os.path.join(store, _MANIFEST), "w") as handle:
         json.dump(manifest, handle)
+
+
+def _keep(repo: str, store: str, path: str) -> None:
+    """Copy ``repo/path`` (bytes and mode) to the store."""
+    target = os.path.join(store, _FILES, path)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.copy2(os.path.join(repo, path), target)
 
 
 def _read_manifest(store: str) -> dict | None:
