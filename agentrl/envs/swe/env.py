@@ -37,7 +37,7 @@ from pydantic import Field
 
 from agentrl.config import Config
 from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
-from agentrl.envs.swe.grading import MAX_PATCH_BYTES, grade
+from agentrl.envs.swe.grading import GIT_ENV, GIT_OPTIONS, MAX_PATCH_BYTES, grade
 from agentrl.envs.swe.instances import SWEInstance, load_instances
 from agentrl.envs.swe.projects import SHIPPED_PROJECTS, Project, load_projects, project_of
 from agentrl.envs.swe.workspace import REPO_DIR, BaseTrees, WorkspaceError, checkout
@@ -57,8 +57,7 @@ _TREES = BaseTrees()  # base-tree archives are shared by every environment of th
 # or one that does not apply (its own loss). The grader reads the changed paths from the tree the
 # patch gives in its own sandbox, never from this text.
 _GIT = (
-    "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git -c core.hooksPath=/dev/null "
-    "-c core.fsmonitor=false -c core.quotePath=true -c core.autocrlf=false "
+    f"{GIT_ENV} git {GIT_OPTIONS} -c core.quotePath=true -c core.autocrlf=false "
     "-c core.attributesFile=/dev/null -c diff.noprefix=false -c diff.mnemonicPrefix=false "
     "-c diff.relative=false -c diff.suppressBlankEmpty=false"
 )

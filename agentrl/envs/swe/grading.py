@@ -91,8 +91,8 @@ _DIFF_PATHS = re.compile(r"^diff --git a/(.+?) b/(.+?)$", re.MULTILINE)
 _OLD_NEW_PATHS = re.compile(r"^(?:---|\+\+\+) (?:[ab]/)?(.+?)(?:\t.*)?$", re.MULTILINE)
 # The grader's git: its own repository directory (moved out of the tree), no system or global
 # configuration, no hooks, no fsmonitor.
-_GIT_ENV = "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null"
-_GIT_OPTIONS = "-c core.hooksPath=/dev/null -c core.fsmonitor=false"
+GIT_ENV = "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null"
+GIT_OPTIONS = "-c core.hooksPath=/dev/null -c core.fsmonitor=false"
 
 
 class GradingFault(Exception):
@@ -368,7 +368,7 @@ class _Grading:
     async def _git_apply(self, name: str, *flags: str, fuzzy: bool = False) -> bool:
         """Apply ``scratch/name`` in the repository; with ``fuzzy``, ``patch --fuzz=5`` as a
         fallback (SWE-bench's order)."""
-        git = f"{_GIT_ENV} git --git-dir={self.scratch}/git --work-tree=. {_GIT_OPTIONS}"
+        git = f"{GIT_ENV} git --git-dir={self.scratch}/git --work-tree=. {GIT_OPTIONS}"
         path = f"{self.scratch}/{name}"
         commands = [f"{git} apply --whitespace=nowarn {' '.join(flags)} {path}"]
         if fuzzy:
