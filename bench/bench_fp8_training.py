@@ -28,8 +28,8 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agentrl.trainer.actor import Actor, ActorConfig, decoder_layers
-from agentrl.trainer.distributed import distributed
+from agentrl.training.actor import Actor, ActorConfig, decoder_layers
+from agentrl.training.distributed import distributed
 
 CONFIGS = {
     "1b": dict(

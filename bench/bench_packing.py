@@ -7,12 +7,12 @@ log-normal (median about 200) with a long tail cut at 1500. Both sides score the
 
 1. **padded + mask** (baseline): fixed micro batches of ``--micro-batch-size`` sequences in
    arrival order, each right-padded to its longest sequence, scored with an attention mask by
-   :func:`agentrl.trainer.logprobs.token_logprobs`, as a trainer without packing calls it;
+   :func:`agentrl.training.logprobs.token_logprobs`, as a trainer without packing calls it;
 2. **padded, causal only** (stronger baseline): the same micro batches without the mask. With
    right padding the causal mask alone keeps pads out of every real token's context, and sdpa can
    take its fast ``is_causal`` path;
-3. **packed**: :func:`agentrl.trainer.packing.pack` into micro batches of at most
-   ``--max-tokens`` tokens, scored by :func:`agentrl.trainer.packing.packed_logprobs`.
+3. **packed**: :func:`agentrl.training.packing.pack` into micro batches of at most
+   ``--max-tokens`` tokens, scored by :func:`agentrl.training.packing.packed_logprobs`.
 
 Only real tokens count toward tokens/s. Also printed: the tokens each side computes (padding
 included) and the attention score entries (sum of ``T^2``): on the CPU, sdpa evaluates a packed
@@ -34,8 +34,8 @@ from collections.abc import Callable
 import torch
 
 from agentrl.models import load_model
-from agentrl.trainer.logprobs import token_logprobs
-from agentrl.trainer.packing import pack, packed_logprobs
+from agentrl.training.logprobs import token_logprobs
+from agentrl.training.packing import pack, packed_logprobs
 
 Work = tuple[int, int]
 """(tokens computed, padding included; attention score entries per head, the sum of T^2)."""

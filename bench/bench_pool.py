@@ -28,7 +28,7 @@ from pathlib import Path
 from agentrl.engine_pool import EnginePool, LocalEngine, SamplingParams, SGLangEngine
 from agentrl.engine_pool.sglang_engine import free_port, serve_command
 from agentrl.models import load_model, load_tokenizer
-from agentrl.trainer.checkpoint import export_hf
+from agentrl.training.checkpoint import export_hf
 
 
 class RandomRoutingPool(EnginePool):

@@ -1,7 +1,7 @@
 """One GRPO training step with the embedded engine vs over a pool of two `agentrl serve` processes.
 
 Same model (SmolLM2-135M-Instruct, float32 engine weights), Math-v0 prompts, batch and sampling on
-both sides; each side is a fresh :class:`~agentrl.trainer.loop.Trainer` in this process, synchronous
+both sides; each side is a fresh :class:`~agentrl.rl.loop.Trainer` in this process, synchronous
 (``stream.max_staleness=0``), and a step is timed end to end (waiting for its rollouts, training,
 weight sync). The first step of each side is a warm-up and not counted. Printed: each side's median
 step, its rollout wait and weight-sync time, and the ratio embedded / pool (above 1: the pool is
@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 
 from agentrl.models import cpu_name
-from agentrl.trainer.loop import Trainer
-from agentrl.trainer.train_config import TrainConfig
+from agentrl.rl.config import TrainConfig
+from agentrl.rl.loop import Trainer
 
 
 def config(out: Path, args: argparse.Namespace, *engines: str) -> TrainConfig:

@@ -12,7 +12,7 @@ completions of at most ``max_new_tokens`` tokens at temperature 1, grade them wi
 verifier, take group-normalised advantages, and take one token-mean PPO-clip step (no KL, no
 reference model, lr 1e-6, clip to norm 1.0, AdamW). A step is timed end to end on both sides:
 
-* **agentrl**: :meth:`agentrl.trainer.loop.Trainer.step` in synchronous mode, its engine in
+* **agentrl**: :meth:`agentrl.rl.loop.Trainer.step` in synchronous mode, its engine in
   ``--engine-dtype`` (``float32`` by default, as TRL generates with the trained model itself;
   ``bfloat16`` is agentrl's separate-engine option, with the mismatch printed)
   (``stream.max_staleness=0``): waiting for the step's rollouts (which start when the previous
@@ -45,8 +45,8 @@ import torch
 
 import agentrl  # noqa: F401  (registers agentrl/Math-v0)
 from agentrl.models import cpu_has_native_bfloat16, cpu_name, load_model, load_tokenizer
-from agentrl.trainer.loop import Trainer
-from agentrl.trainer.train_config import TrainConfig
+from agentrl.rl.config import TrainConfig
+from agentrl.rl.loop import Trainer
 from bench.trl_baseline import make_trl_reward, math_v0_grade, trl_grpo_step_times
 
 ENV_KWARGS = {"answer_format": "flexible", "generated_difficulty": 1}

@@ -2,7 +2,7 @@
 # The verl reference check's own virtualenv: bench/setup_verl_env.sh [VENV]
 #   (default: .venv-verl at the repo root; PYTHON picks the interpreter, default python3)
 #
-# tests/trainer/test_verl_reference.py runs verl 0.9.1's own loss, advantage and rollout-correction
+# tests/rl/test_verl_reference.py runs verl 0.9.1's own loss, advantage and rollout-correction
 # functions (verl/trainer/ppo/core_algos.py, verl/trainer/ppo/rollout_corr_helper.py) on random
 # batches in this venv, through tests/trainer/verl_reference/verl_side.py, and compares them with
 # agentrl's. verl lives only here, never in the project's .venv.

@@ -23,7 +23,7 @@ trainer log-probs of 24-token completions against float64: 1.2e-5 and 0.9e-5 (T 
 3.3e-5 (T = 0.7), 1.2e-5 and 1.2e-5 (greedy); the remaining 4x covers a larger ratio between the
 two, on another CPU or over other tokens. What a tolerance guards against is orders of magnitude
 above it: one optimizer step of the tests' tiny policy at lr 1e-3 moves its log-probs by about
-2e-2 (tests/trainer/test_loop.py measures it), a bfloat16 engine by 1e-3, a temperature applied on
+2e-2 (tests/rl/test_loop.py measures it), a bfloat16 engine by 1e-3, a temperature applied on
 one side only or an off-by-one position by 0.1.
 """
 
@@ -98,7 +98,7 @@ def logprob_error(
     temperature: float = 1.0,
     loss_mask: list[int] | None = None,
 ) -> tuple[float, float, float]:
-    """How far ``model``'s float32 log-probs (`agentrl.trainer.logprobs.token_logprobs`) of
+    """How far ``model``'s float32 log-probs (`agentrl.training.logprobs.token_logprobs`) of
     ``input_ids[1:]`` (those where ``loss_mask`` is 1, if given) are from float64 ones on this
     CPU: ``(max, mean, magnitude)``, the magnitude as `logprobs64` gives it. Makes a float64
     copy of the model (small models; `logprob_error_with` takes one made already)."""
@@ -114,7 +114,7 @@ def logprob_error_with(
     loss_mask: list[int] | None = None,
 ) -> tuple[float, float, float]:
     """`logprob_error` with the float64 copy given."""
-    from agentrl.trainer.logprobs import token_logprobs
+    from agentrl.training.logprobs import token_logprobs
 
     with torch.no_grad():
         got = token_logprobs(model, torch.tensor([input_ids]), temperature)[0].double()

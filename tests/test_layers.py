@@ -57,11 +57,11 @@ def test_a_planted_upward_import_is_caught(tmp_path, monkeypatch):
     planted.mkdir(parents=True)
     (planted / "bad.py").write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from agentrl.trainer.actor import Actor\n"
+        "if TYPE_CHECKING:\n    from agentrl.training.actor import Actor\n"
         "def f():\n    import agentrl.rollout\n"
     )
     monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path / "agentrl")
     assert upward_imports("agentrl.algorithms", ("agentrl.algorithms",)) == [
-        "agentrl/algorithms/bad.py:3 imports agentrl.trainer.actor",
+        "agentrl/algorithms/bad.py:3 imports agentrl.training.actor",
         "agentrl/algorithms/bad.py:5 imports agentrl.rollout",
     ]

@@ -3,7 +3,7 @@ clipped value loss, their aggregation, KL and entropy.
 
 All tensors are token-aligned ``(N, T)``: entry ``[i, t]`` of ``logprobs``, ``old_logprobs``,
 ``advantages`` and ``loss_mask`` refers to the same token of trajectory ``i``. The caller aligns
-them (`agentrl.trainer.logprobs.token_logprobs` scores ``input_ids[:, 1:]``).
+them (`agentrl.training.logprobs.token_logprobs` scores ``input_ids[:, 1:]``).
 
 **Aggregation and micro-batches.** A loss is ``numerator / denominator``. The numerator is a sum
 over trajectories, so it splits over micro-batches and ranks; the denominator must be that of the
@@ -12,7 +12,7 @@ over trajectories, so it splits over micro-batches and ranks; the denominator mu
 ``denominator=D`` to each piece, and the sum of the pieces' losses (and of their gradients) is the
 loss of the whole batch. Data-parallel wrappers that *average* gradients over ``W`` ranks need the
 loss multiplied by ``W``. ``denominator=1`` returns the numerator itself: the ``(loss_sum,
-denominator)`` pair of `agentrl.trainer.actor`'s ``loss_fn`` is ``(policy_loss(...,
+denominator)`` pair of `agentrl.training.actor`'s ``loss_fn`` is ``(policy_loss(...,
 denominator=1)[0], loss_denominator(mask, agg))``.
 
 Modes (``L[i, t]`` the per-token loss, ``m`` the mask, ``|o_i|`` the trajectory's loss-token

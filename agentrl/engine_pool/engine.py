@@ -13,7 +13,7 @@ Contract shared by every engine (the embedded `LocalEngine`, an SGLang client, a
 * ``logprobs[i]`` is ``log_softmax(logits / T)[token_ids[i]]`` over the full vocabulary, where
   ``T = sampling.temperature`` (``T = 1`` when greedy, ``temperature == 0``); top-k / top-p
   truncation shapes what is sampled, not the reported log-prob. The trainer scores the same
-  quantity with :func:`agentrl.trainer.logprobs.token_logprobs`.
+  quantity with :func:`agentrl.training.logprobs.token_logprobs`.
 * ``pause()`` returns once no token is being produced; running requests hold their state until
   ``resume()``. ``update_weights(named_tensors, version)`` loads tensors by parameter name (a
   subset is allowed, so weights may arrive in buckets) and sets ``weight_version``; tokens produced

@@ -18,7 +18,7 @@ Requests the caller got wrong (``ValueError``) are not retried. When no engine i
 ``generate`` raises :class:`EngineError`.
 
 Weight updates. ``pause``, ``update_weights`` (per bucket), ``resume`` and ``abort`` fan out to
-every engine, so ``agentrl.trainer.weight_sync.sync_weights(model, [pool], version)`` works
+every engine, so ``agentrl.rl.weight_sync.sync_weights(model, [pool], version)`` works
 unchanged; :meth:`EnginePool.update_weights_from_disk` does the same from a directory. An engine
 whose pause or update fails is evicted rather than left serving old or half-loaded weights, and
 ``resume`` re-admits only engines that report the new version (asking the server, for HTTP

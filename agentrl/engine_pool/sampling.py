@@ -5,7 +5,7 @@ Which distribution a log-prob refers to (the trainer uses the same function, so 
 * The policy at temperature ``T`` is ``softmax(logits / T)`` over the full vocabulary, computed in
   float32. :func:`temperature_logprobs` returns ``log_softmax(logits / T)`` of given tokens; the
   engine reports it for every sampled token and the trainer's
-  :func:`agentrl.trainer.logprobs.token_logprobs` recomputes it from a full forward pass.
+  :func:`agentrl.training.logprobs.token_logprobs` recomputes it from a full forward pass.
 * Greedy decoding (``T == 0``) has no softmax of its own; its log-probs are taken at ``T = 1``
   (:func:`logprob_temperature`), and the trainer must score such tokens at ``T = 1`` as well.
 * top-k and top-p only restrict which tokens may be *sampled* (top-k first, then top-p on the

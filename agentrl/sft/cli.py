@@ -32,14 +32,14 @@ INTERRUPTED = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from agentrl.trainer.cli import add_arguments as add_config_arguments
+    from agentrl.config import add_arguments as add_config_arguments
 
     add_config_arguments(parser, example="data.path=demos.jsonl trainer.epochs=2")
 
 
 def run(args: argparse.Namespace) -> int:
+    from agentrl.config import config_from_args
     from agentrl.sft.config import SFTConfig, sft_config_reference_markdown
-    from agentrl.trainer.cli import config_from_args
 
     console = Console()
     config = config_from_args(
@@ -54,7 +54,7 @@ def _train(config: SFTConfig, console: Console) -> int:
     from agentrl.config import ConfigError
     from agentrl.sft.data import ConversationError
     from agentrl.sft.trainer import SFTTrainer
-    from agentrl.trainer.distributed import destroy
+    from agentrl.training.distributed import destroy
 
     trainer = SFTTrainer(config, console=console)
 

@@ -56,7 +56,7 @@ class ConversationError(ValueError):
 
 @dataclass(frozen=True)
 class TokenizedConversations:
-    """Token rows ready for :func:`~agentrl.trainer.packing.pack_for_rank`, and what was left out."""
+    """Token rows ready for :func:`~agentrl.training.packing.pack_for_rank`, and what was left out."""
 
     rows: list[dict[str, list[int]]]
     """``{"input_ids": [...], "loss_mask": [...]}`` per kept conversation."""

@@ -7,8 +7,8 @@ each step:
 1. takes the step's ``trainer.batch_size`` conversations: epoch ``e`` visits the training rows in
    the order ``numpy.random.default_rng([seed, e]).permutation``, so the batch of step ``s`` is a
    function of ``s`` and the data, and a resumed run continues where the checkpoint left off;
-2. packs this rank's share (:func:`~agentrl.trainer.packing.pack_for_rank`, the same equal
-   micro-batch counts as RL batches) and takes one :meth:`~agentrl.trainer.actor.Actor.train_step`
+2. packs this rank's share (:func:`~agentrl.training.packing.pack_for_rank`, the same equal
+   micro-batch counts as RL batches) and takes one :meth:`~agentrl.training.actor.Actor.train_step`
    with :func:`nll_loss`: the loss is the mean negative log-likelihood over the loss tokens of the
    whole batch (all ranks), at temperature 1;
 3. logs ``train/loss``, ``train/token_accuracy`` (greedy next-token accuracy on the loss tokens),
@@ -16,7 +16,7 @@ each step:
    TensorBoard (rank 0), with ``val/loss`` and ``val/token_accuracy`` every
    ``trainer.eval_every`` steps and at the end.
 
-Checkpoints are :class:`~agentrl.trainer.checkpoint.CheckpointManager`'s (model, optimizer, LR
+Checkpoints are :class:`~agentrl.training.checkpoint.CheckpointManager`'s (model, optimizer, LR
 schedule, RNG; the data position is the step itself), and the run ends with a Hugging Face export
 (``output_dir/hf``, chat template included) that ``agentrl train`` takes as ``model.path``.
 :meth:`SFTTrainer.request_stop` (Ctrl-C) stops after the step in progress and saves a checkpoint.
@@ -43,13 +43,13 @@ from agentrl.models import load_model, load_tokenizer
 from agentrl.sft.config import SFTConfig
 from agentrl.sft.data import TokenizedConversations, load_conversations, tokenize_dataset
 from agentrl.tokenization import ChatFormat
-from agentrl.trainer.actor import Actor
-from agentrl.trainer.checkpoint import CheckpointManager, export_hf, resume_from
-from agentrl.trainer.distributed import all_reduce_sum, init_distributed
-from agentrl.trainer.metrics import MetricsLogger
-from agentrl.trainer.packing import PackedMicroBatch, pack_for_rank, packed_forward
-from agentrl.trainer.plots import plot_curves
-from agentrl.trainer.progress import TrainProgress
+from agentrl.training.actor import Actor
+from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_from
+from agentrl.training.distributed import all_reduce_sum, init_distributed
+from agentrl.training.metrics import MetricsLogger
+from agentrl.training.packing import PackedMicroBatch, pack_for_rank, packed_forward
+from agentrl.training.plots import plot_curves
+from agentrl.training.progress import TrainProgress
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -62,7 +62,7 @@ def nll_loss(
     model: nn.Module, batch: PackedMicroBatch
 ) -> tuple[torch.Tensor, int, dict[str, torch.Tensor]]:
     """``(sum of -log p over the loss tokens, their count, {"token_accuracy": hits})``, the
-    :data:`~agentrl.trainer.actor.LossFn` contract. The LM head runs on the loss tokens only."""
+    :data:`~agentrl.training.actor.LossFn` contract. The LM head runs on the loss tokens only."""
     # the actor's model is a (sharded) causal LM; LossFn types it as a plain module
     causal_lm = cast("PreTrainedModel", model)
     logprobs, logits, scored = packed_forward(causal_lm, batch, 1.0, loss_tokens_only=True)

@@ -30,7 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from agentrl.engine_pool.engine import SamplingParams
 from agentrl.engine_pool.local_engine import LocalEngine
 from agentrl.fp8_weights import fp8_weight_names, round_trip
-from agentrl.trainer.logprobs import logprob_mismatch
+from agentrl.training.logprobs import logprob_mismatch
 
 pytestmark = pytest.mark.slow
 

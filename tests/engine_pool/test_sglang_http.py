@@ -25,7 +25,7 @@ from agentrl.engine_pool.local_engine import LocalEngine
 from agentrl.engine_pool.sglang_engine import SGLangEngine, free_port, serve_command
 from agentrl.engine_pool.weight_group import WeightUpdateGroup
 from agentrl.fp8_weights import quantize_named_tensors, round_trip
-from agentrl.trainer.checkpoint import export_hf
+from agentrl.training.checkpoint import export_hf
 
 pytestmark = pytest.mark.slow
 

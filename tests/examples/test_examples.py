@@ -33,7 +33,7 @@ def test_the_sft_example_is_a_valid_sft_config():
 
 
 def test_the_gpu_examples_are_valid_configs():
-    from agentrl.trainer.train_config import TrainConfig
+    from agentrl.rl.config import TrainConfig
 
     config = TrainConfig.load(ROOT / "examples" / "math_sglang_gpu.yaml")
     assert config.engines.kind == "sglang" and config.engines.weight_sync == "broadcast"

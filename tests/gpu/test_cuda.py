@@ -3,7 +3,7 @@
 These tests are skipped where ``torch.cuda.is_available()`` is false (every CI machine of this
 project); they are what a session with a lent GPU runs first (``pytest tests/gpu``). They use
 randomly initialised models, since the GPU machines cannot fetch SmolLM2's weights. The CPU
-versions of each property are tested elsewhere (tests/engine_pool, tests/trainer).
+versions of each property are tested elsewhere (tests/engine_pool, tests/training, tests/rl).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl.engine_pool.engine import SamplingParams
 from agentrl.engine_pool.local_engine import LocalEngine
-from agentrl.trainer.actor import Actor, ActorConfig
-from agentrl.trainer.distributed import distributed
-from agentrl.trainer.logprobs import token_logprobs
-from agentrl.trainer.weight_sync import sync_weights
+from agentrl.rl.weight_sync import sync_weights
+from agentrl.training.actor import Actor, ActorConfig
+from agentrl.training.distributed import distributed
+from agentrl.training.logprobs import token_logprobs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

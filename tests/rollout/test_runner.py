@@ -169,9 +169,9 @@ async def test_template_policy_and_seams_reach_the_builder(engine, tokenizer):
 async def test_a_grading_infrastructure_failure_is_excluded_from_the_loss(engine, tokenizer):
     from agentrl.envs import AgentWrapper
     from agentrl.envs.code import CodeEnv, load_problems
+    from agentrl.rl.batch import build_batch
+    from agentrl.rl.config import AlgorithmConfig, StreamConfig
     from agentrl.tools import SandboxPool, sandbox_factory
-    from agentrl.trainer.rl_batch import build_batch
-    from agentrl.trainer.train_config import AlgorithmConfig, StreamConfig
 
     problem = load_problems()[0]
     solution = f"```python\n{problem.prompt}{problem.canonical_solution}```"

@@ -20,10 +20,10 @@ from agentrl.config import ConfigError
 from agentrl.models import load_model, load_tokenizer
 from agentrl.sft.config import SFTConfig
 from agentrl.sft.trainer import SFTTrainer, batch_indices, nll_loss
-from agentrl.trainer.actor import Actor
-from agentrl.trainer.distributed import distributed
-from agentrl.trainer.metrics import read_metrics
-from agentrl.trainer.packing import pack_for_rank
+from agentrl.training.actor import Actor
+from agentrl.training.distributed import distributed
+from agentrl.training.metrics import read_metrics
+from agentrl.training.packing import pack_for_rank
 
 pytestmark = pytest.mark.slow
 
