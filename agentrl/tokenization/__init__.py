@@ -5,12 +5,12 @@
   the chat template (mask 0). :class:`TokenTrajectory` is the trainer's record.
 * :class:`ChatFormat` holds the delta rule and the end-of-turn tokens of a template.
 * :func:`check_template` (CLI: ``agentrl check-template``) gives a :class:`Verdict` per use (with
-  tools, without, an empty environment reply) by building the sample conversations with a
-  :class:`TrajectoryBuilder` and comparing its ids with a full encode at every generation point:
-  append-only, token seams (same text, other ids), not append-only (other text, and why), or
-  cannot be used. :class:`TemplatePolicy` says what a builder does with a template that is not
-  append-only (``keep`` with a warning, or ``strict``: refuse it); :class:`SeamPolicy` what it
-  does at token seams.
+  tools, without, an empty environment reply) by building the sample conversations with the
+  builder's mechanics (:mod:`.token_trajectory`, without the template check) and comparing their
+  ids with a full encode at every generation point: append-only, token seams (same text, other
+  ids), not append-only (other text, and why), or cannot be used. :class:`TemplatePolicy` says
+  what a builder does with a template that is not append-only (``keep`` with a warning, or
+  ``strict``: refuse it); :class:`SeamPolicy` what it does at token seams.
 * Templates that print the date or time see the episode's start (:mod:`.clock`).
 
 Guaranteed (and property-tested on SmolLM2's template, the hand-written ones in ``templates/`` and
@@ -43,15 +43,17 @@ from agentrl.tokenization.checker import (
     Verdict,
     check_template,
 )
-from agentrl.tokenization.trajectory import (
+from agentrl.tokenization.token_trajectory import (
     SeamEdit,
     SeamPolicy,
     Segment,
     SegmentKind,
+    TokenTrajectory,
+)
+from agentrl.tokenization.trajectory import (
     TemplateNotAppendOnlyError,
     TemplatePolicy,
     TemplateWarning,
-    TokenTrajectory,
     TrajectoryBuilder,
 )
 

@@ -38,6 +38,7 @@ from agentrl.tokenization.chat_format import (
     Message,
     TemplateError,
 )
+from agentrl.tokenization.token_trajectory import SeamEdit, SeamPolicy, UncheckedTrajectoryBuilder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -460,18 +461,16 @@ def _check_use(fmt: ChatFormat, name: str, use: _Use) -> UseReport:
 def _simulate(
     fmt: ChatFormat, name: str, conversation: Sequence[Message], tools: Any
 ) -> tuple[list[TemplateIssue], list[TokenSeam], bool]:
-    """Build the conversation with two builders (``seams`` keep and reencode), an engine that
+    """Build the conversation with two unchecked builders (``seams`` keep and reencode; a
+    :class:`~agentrl.tokenization.TrajectoryBuilder` would ask this checker), an engine that
     emits the tokenizer's encoding of each assistant turn, and compare their ids with a full
     encode at every generation point. Returns text issues, seams, and whether reencode is exact."""
-    from agentrl.tokenization.trajectory import SeamPolicy, TrajectoryBuilder
-
     now = CHECK_INSTANT
     points = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
     points.append(len(conversation))
-    keep = TrajectoryBuilder._unchecked(fmt, conversation[: points[0]], tools, now, SeamPolicy.KEEP)
-    fixed = TrajectoryBuilder._unchecked(
-        fmt, conversation[: points[0]], tools, now, SeamPolicy.REENCODE
-    )
+    first = conversation[: points[0]]
+    keep = UncheckedTrajectoryBuilder(fmt, first, tools, now=now, seams=SeamPolicy.KEEP)
+    fixed = UncheckedTrajectoryBuilder(fmt, first, tools, now=now, seams=SeamPolicy.REENCODE)
     seams: list[TokenSeam] = []
     exact = True
     reported = 0
@@ -518,7 +517,7 @@ def _simulate(
 
 
 def _seam(
-    fmt: ChatFormat, name: str, point: int, edit: Any, built: list[int], expected: list[int]
+    fmt: ChatFormat, name: str, point: int, edit: SeamEdit, built: list[int], expected: list[int]
 ) -> TokenSeam:
     tokens = fmt.tokenizer.convert_ids_to_tokens
     return TokenSeam(
