@@ -39,7 +39,7 @@ def config(out: Path, args: argparse.Namespace, *engines: str) -> TrainConfig:
             f"rollout.group_size={args.group_size}",
             f"rollout.max_new_tokens={args.max_new_tokens}",
             "rollout.max_total_tokens=512",
-            "rollout.engine_dtype=float32",
+            "engines.dtype=float32",
             "stream.max_staleness=0",
             f"trainer.steps={args.steps}",
             "trainer.micro_batch_tokens=2048",
@@ -94,7 +94,7 @@ def main() -> None:
                     "engines.kind=serve",
                     "engines.count=2",
                     f"engines.weight_sync={args.weight_sync}",
-                    f"rollout.engine_batch_size={args.groups * args.group_size // 2}",
+                    f"engines.batch_size={args.groups * args.group_size // 2}",
                 )
             )
         )

@@ -62,8 +62,8 @@ def agentrl_config(args: argparse.Namespace, output_dir: Path) -> TrainConfig:
         "rollout.temperature": 1.0,
         "rollout.max_new_tokens": args.max_new_tokens,
         "rollout.max_total_tokens": 512,
-        "rollout.engine_batch_size": args.groups * args.group_size,
-        "rollout.engine_dtype": args.engine_dtype,
+        "engines.batch_size": args.groups * args.group_size,
+        "engines.dtype": args.engine_dtype,
         "algorithm.advantage": "grpo",
         "algorithm.loss": "ppo",
         "algorithm.clip_low": 0.2,
@@ -182,7 +182,7 @@ def main() -> None:
         "--engine-dtype",
         choices=["auto", "float32", "bfloat16"],
         default="float32",
-        help="agentrl's rollout engine weights (rollout.engine_dtype; auto: bfloat16 only on CPUs "
+        help="agentrl's rollout engine weights (engines.dtype; auto: bfloat16 only on CPUs "
         "with native bfloat16); the trainer stays float32",
     )
     parser.add_argument(

@@ -28,6 +28,8 @@ whose rewards are all equal get 0 as well, never NaN.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -148,3 +150,24 @@ def broadcast_to_tokens(seq_advantages: torch.Tensor, loss_mask: torch.Tensor) -
             f"{seq_advantages.shape[0]} advantages for {loss_mask.shape[0]} trajectories"
         )
     return seq_advantages[:, None] * loss_mask.to(seq_advantages.dtype)
+
+
+OutcomeAdvantage = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(rewards (N,), group_ids (N,), token_counts (N,)) -> advantages (N,)``: one advantage per
+trajectory from its outcome reward; ``token_counts`` are the loss tokens each trains on."""
+
+OUTCOME_ADVANTAGES: dict[str, OutcomeAdvantage] = {
+    "grpo": lambda rewards, groups, _tokens: grpo_advantages(rewards, groups),
+    "dr_grpo": lambda rewards, groups, _tokens: grpo_advantages(
+        rewards, groups, scale_by_std=False
+    ),
+    "reinforce_pp": lambda rewards, _groups, tokens: reinforce_pp_advantages(
+        rewards, token_counts=tokens
+    ),
+    "reinforce_pp_baseline": lambda rewards, groups, tokens: reinforce_pp_advantages(
+        rewards, groups, token_counts=tokens
+    ),
+}
+"""The outcome-reward advantage estimators by name (``algorithm.advantage`` takes these, and
+``gae``, the critic's per-token advantages of :mod:`agentrl.algorithms.gae`): a new estimator is a
+function above, one entry here, and its test in tests/algorithms/test_advantages.py."""

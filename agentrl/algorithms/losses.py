@@ -41,6 +41,8 @@ Metrics are detached 0-dim tensors (no host sync), masked means over this call's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -49,7 +51,8 @@ Aggregation = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
 KLEstimator = Literal["k1", "k2", "k3"]
-PolicyLossKind = Literal["ppo", "gspo", "cispo"]
+PolicyLossKind = str
+"""A name in :data:`POLICY_LOSSES`."""
 
 # exp() of a log-ratio beyond this is inf in float32 long before it means anything (verl clamps
 # to the same range).
@@ -183,8 +186,10 @@ def policy_loss(
     new)).
     """
     check_aligned(logprobs, old_logprobs, advantages, loss_mask)
-    # PPO's lower clip 1 - clip_low must stay positive; CISPO's weight may go down to 0.
-    low_ok = 0 <= clip_low <= 1 if kind == "cispo" else 0 <= clip_low < 1
+    rule = POLICY_LOSSES.get(kind)
+    if rule is None:
+        raise ValueError(f"unknown policy loss kind {kind!r}; registered: {sorted(POLICY_LOSSES)}")
+    low_ok = 0 <= clip_low <= 1 if rule.clip_low_may_be_1 else 0 <= clip_low < 1
     if not low_ok or clip_high < 0:
         raise ValueError(
             f"need 0 <= clip_low < 1 (<= 1 for cispo) and clip_high >= 0, got {clip_low}, "
@@ -195,30 +200,11 @@ def policy_loss(
     on = loss_mask != 0  # (N, T) bool
     advantages = advantages.detach()
     log_ratio = torch.where(on, logprobs - old_logprobs.detach(), 0.0)  # (N, T)
-    if kind in ("ppo", "cispo"):
-        ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()  # (N, T)
-    elif kind == "gspo":
-        lengths = on.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
-        seq_log_ratio = log_ratio.sum(-1, keepdim=True).detach() / lengths  # (N, 1)
-        token_log_ratio = torch.where(on, seq_log_ratio + logprobs - logprobs.detach(), 0.0)
-        ratio = token_log_ratio.clamp(max=MAX_LOG_RATIO).exp()  # (N, T), s_i in value
-    else:
-        raise ValueError(f"unknown policy loss kind {kind!r}")
+    ratio = rule.ratio(log_ratio, logprobs, on)  # (N, T)
     clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)
-    dual = torch.zeros_like(on)
-    if kind == "cispo":
-        # where, not a product: garbage log-probs at padding must not reach the loss or gradient
-        per_token = -clipped_ratio.detach() * advantages * torch.where(on, logprobs, 0.0)
-        clipped = clipped_ratio.detach() != ratio.detach()  # (N, T)
-    else:
-        unclipped_loss = -advantages * ratio  # (N, T)
-        clipped_loss = -advantages * clipped_ratio
-        per_token = torch.maximum(unclipped_loss, clipped_loss)  # (N, T)
-        clipped = clipped_loss > unclipped_loss
-        if kind == "ppo" and clip_ratio_c is not None:
-            bound = -advantages * clip_ratio_c  # (N, T)
-            dual = (advantages < 0) & (per_token > bound)
-            per_token = torch.where(dual, bound, per_token)
+    per_token, clipped, dual = rule.per_token(
+        ratio, clipped_ratio, advantages, torch.where(on, logprobs, 0.0), clip_ratio_c
+    )
     if token_weights is not None:
         check_aligned(per_token, token_weights)
         per_token = per_token * token_weights.detach()
@@ -228,7 +214,7 @@ def policy_loss(
         ratio, log_ratio = ratio.detach(), log_ratio.detach()
         high = ratio > 1 + clip_high
         low = ratio < 1 - clip_low
-        if kind != "cispo":  # PPO and GSPO clip only against the advantage's direction
+        if rule.clips_against_advantage:  # PPO and GSPO clip only against A's direction
             high, low = high & (advantages > 0), low & (advantages < 0)
         k3 = torch.expm1(log_ratio.clamp(max=MAX_LOG_RATIO)) - log_ratio
         metrics = {
@@ -242,6 +228,93 @@ def policy_loss(
             "approx_kl": _masked_mean(k3, on),
         }
     return loss, metrics
+
+
+def _token_ratio(log_ratio: torch.Tensor, logprobs: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+    """PPO's and CISPO's ratio ``(N, T)``: each token's own."""
+    return log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
+
+
+def _sequence_ratio(
+    log_ratio: torch.Tensor, logprobs: torch.Tensor, on: torch.Tensor
+) -> torch.Tensor:
+    """GSPO-token's ratio ``(N, T)``: the sequence's ``s_i`` in value, each token's gradient."""
+    lengths = on.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
+    seq_log_ratio = log_ratio.sum(-1, keepdim=True).detach() / lengths  # (N, 1)
+    token_log_ratio = torch.where(on, seq_log_ratio + logprobs - logprobs.detach(), 0.0)
+    return token_log_ratio.clamp(max=MAX_LOG_RATIO).exp()
+
+
+def _clipped_surrogate(dual_clip: bool) -> PerTokenLoss:
+    """PPO-clip's per-token loss (GSPO's too, on its sequence ratio), with the dual-clip when
+    ``dual_clip`` and ``clip_ratio_c`` is given."""
+
+    def per_token(
+        ratio: torch.Tensor,
+        clipped_ratio: torch.Tensor,
+        advantages: torch.Tensor,
+        logprobs: torch.Tensor,
+        clip_ratio_c: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        unclipped_loss = -advantages * ratio  # (N, T)
+        clipped_loss = -advantages * clipped_ratio
+        loss = torch.maximum(unclipped_loss, clipped_loss)  # (N, T)
+        dual = torch.zeros_like(loss, dtype=torch.bool)
+        if dual_clip and clip_ratio_c is not None:
+            bound = -advantages * clip_ratio_c  # (N, T)
+            dual = (advantages < 0) & (loss > bound)
+            loss = torch.where(dual, bound, loss)
+        return loss, clipped_loss > unclipped_loss, dual
+
+    return per_token
+
+
+def _cispo_loss(
+    ratio: torch.Tensor,
+    clipped_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    logprobs: torch.Tensor,
+    clip_ratio_c: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CISPO's per-token loss: the clipped weight detached, every token's log-prob gradient kept
+    (``logprobs`` is 0 off the loss mask: garbage at padding reaches neither loss nor gradient)."""
+    loss = -clipped_ratio.detach() * advantages * logprobs
+    clipped = clipped_ratio.detach() != ratio.detach()  # (N, T)
+    return loss, clipped, torch.zeros_like(clipped)
+
+
+Ratio = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(log_ratio, logprobs, on) -> ratio``, all ``(N, T)``; ``log_ratio`` is 0 off the mask."""
+PerTokenLoss = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float | None],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+]
+"""``(ratio, clipped_ratio, advantages, logprobs, clip_ratio_c) -> (loss, clipped, dual)``,
+``(N, T)`` each: the per-token loss, where the clipped branch is active, where the dual-clip
+bounds it."""
+
+
+@dataclass(frozen=True)
+class PolicyLossRule:
+    """One kind of :func:`policy_loss`: its ratio, its per-token loss, and how it clips."""
+
+    ratio: Ratio
+    per_token: PerTokenLoss
+    clip_low_may_be_1: bool = False
+    """Whether ``clip_low = 1`` (no lower bound) is allowed: a weight may go to 0, a PPO ratio not."""
+    clips_against_advantage: bool = True
+    """Whether a ratio counts as clipped only against the advantage's direction (the metrics)."""
+
+
+POLICY_LOSSES: dict[str, PolicyLossRule] = {
+    "ppo": PolicyLossRule(_token_ratio, _clipped_surrogate(dual_clip=True)),
+    "gspo": PolicyLossRule(_sequence_ratio, _clipped_surrogate(dual_clip=False)),
+    "cispo": PolicyLossRule(
+        _token_ratio, _cispo_loss, clip_low_may_be_1=True, clips_against_advantage=False
+    ),
+}
+"""The policy losses by name (``algorithm.loss`` takes these): a new one is a ratio and a
+per-token loss, one entry here, and its test in tests/algorithms/test_losses.py."""
 
 
 def value_loss(

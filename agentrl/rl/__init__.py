@@ -6,11 +6,15 @@ rollouts (:mod:`agentrl.rollout`)."""
 
 from agentrl.rl.batch import TrainingBatch, build_batch
 from agentrl.rl.config import TrainConfig
+from agentrl.rl.engines import SERVER_KINDS, EnginesConfig
 from agentrl.rl.loop import RunSummary, Trainer, train_on_batch
-from agentrl.rl.objective import Objective
+from agentrl.rl.objective import AlgorithmConfig, Objective
 from agentrl.rl.weight_sync import SyncReport, WeightSyncError, sync_weights
 
 __all__ = [
+    "SERVER_KINDS",
+    "AlgorithmConfig",
+    "EnginesConfig",
     "Objective",
     "RunSummary",
     "SyncReport",

@@ -36,10 +36,11 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from agentrl.algorithms.advantages import grpo_advantages, reinforce_pp_advantages
+from agentrl.algorithms.advantages import OUTCOME_ADVANTAGES
 from agentrl.algorithms.off_policy import staleness_policy
-from agentrl.rl.config import AlgorithmConfig, StreamConfig
 from agentrl.rl.critic import TOKEN_REWARDS
+from agentrl.rl.objective import CRITIC_ADVANTAGE, AlgorithmConfig
+from agentrl.rollout.stream import StreamConfig
 from agentrl.rollout.trajectory import Trajectory
 
 
@@ -63,15 +64,12 @@ def advantages_for(
     them (a trajectory with none is left out of the statistics). GRPO's group statistics are
     per trajectory.
     """
-    if kind == "grpo":
-        return grpo_advantages(rewards, group_ids)
-    if kind == "dr_grpo":
-        return grpo_advantages(rewards, group_ids, scale_by_std=False)
-    if kind == "reinforce_pp":
-        return reinforce_pp_advantages(rewards, token_counts=token_counts)
-    if kind == "reinforce_pp_baseline":
-        return reinforce_pp_advantages(rewards, group_ids, token_counts=token_counts)
-    raise ValueError(f"unknown advantage estimator {kind!r}")
+    estimator = OUTCOME_ADVANTAGES.get(kind)
+    if estimator is None:
+        raise ValueError(
+            f"unknown advantage estimator {kind!r}; registered: {sorted(OUTCOME_ADVANTAGES)}"
+        )
+    return estimator(rewards, group_ids, token_counts)
 
 
 def overlong_penalties(
@@ -172,7 +170,9 @@ def build_batch(
         metrics["reward/overlong_fraction"] = float((penalties < 0).to(torch.float64).mean())
     group_ids = torch.tensor([t.group for t in ok], dtype=torch.int64)
     token_counts = loss_masks.sum(-1)  # (N,) what each trajectory trains on after staleness
-    critic = algorithm.advantage == "gae"  # per-token advantages come later, from the critic
+    critic = (
+        algorithm.advantage == CRITIC_ADVANTAGE
+    )  # per-token advantages come later, from the critic
     if critic:
         advantages = torch.zeros_like(rewards)
     else:

@@ -110,7 +110,7 @@ def summary_table(summary, config, engine_dtype: str = "float32") -> Table:
             f"{metrics.get('episodes/tool_use_fraction', float('nan')):.0%} of episodes call one",
         ),
         ("last mismatch (mean |Δ log p|)", mismatch_summary(metrics)),
-        ("engine weights", f"{engine_dtype} (rollout.engine_dtype={config.rollout.engine_dtype})"),
+        ("engine weights", f"{engine_dtype} (engines.dtype={config.engines.dtype})"),
         ("metrics", str(Path(config.trainer.output_dir) / "metrics.jsonl")),
         ("checkpoint", str(summary.checkpoint or "-")),
         ("curves", str(summary.curves or "-")),

@@ -3,7 +3,7 @@
 ``engines.kind``:
 
 * ``embedded``: one :class:`~agentrl.engine_pool.LocalEngine` in the first process, on its own copy
-  of the policy (``rollout.engine_dtype``).
+  of the policy (``engines.dtype``).
 * ``serve``: ``count`` ``agentrl serve`` processes started by the run on free local ports, logging
   to ``output_dir/engines/serve-N.log``, stopped when the run ends.
 * ``sglang``: ``count`` SGLang servers (``python -m sglang.launch_server``), one per GPU of
@@ -52,13 +52,16 @@ import contextlib
 import datetime
 import socket
 import warnings
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Self
 from urllib.parse import urlsplit
 
 import torch
+from pydantic import Field, field_validator, model_validator
 
+from agentrl.config import Config
 from agentrl.engine_pool import EnginePool, LocalEngine, SGLangEngine
 from agentrl.engine_pool.engine import Engine
 from agentrl.engine_pool.sglang_engine import free_port, serve_command, sglang_command
@@ -73,8 +76,113 @@ GROUP_TIMEOUT = datetime.timedelta(minutes=10)
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from agentrl.rl.config import EnginesConfig
     from agentrl.training.actor import Actor
+
+
+EMBEDDED = "embedded"
+"""``engines.kind`` of the one :class:`~agentrl.engine_pool.LocalEngine` inside the trainer."""
+
+
+class EnginesConfig(Config):
+    """Where rollouts are generated, and how new weights reach the engines."""
+
+    kind: str = EMBEDDED
+    """``embedded`` or a name of :data:`SERVER_KINDS`. ``embedded``: one LocalEngine inside the trainer's first process; ``serve``: ``count``
+    ``agentrl serve`` processes started and owned by the run; ``sglang``: ``count`` SGLang
+    servers started with ``python -m sglang.launch_server`` (one per GPU of ``gpu_ids``);
+    ``attach``: servers already running at ``urls``; ``ray``: ``count`` servers placed as Ray
+    actors (``ray_server``, on the cluster at ``ray_address``). All but ``embedded`` go through
+    an ``EnginePool``: routing, retries on another engine, health checks, eviction."""
+    count: int = Field(2, ge=1)
+    """Servers to start (``serve``, ``sglang``, ``ray``)."""
+    urls: list[str] = Field(default_factory=list)
+    """Servers to use (``attach``): ``http://host:port`` of SGLang or ``agentrl serve``."""
+    server_args: list[str] = Field(default_factory=list)
+    """Extra command-line arguments of each started server."""
+    command: list[str] = Field(default_factory=list)
+    """``serve``, ``sglang``: the argv that starts one server, instead of the built-in one, with
+    ``{model}``, ``{port}``, ``{host}`` and ``{gpu}`` filled in (``server_args`` appended); e.g.
+    ``[python, -m, sglang.launch_server, --model-path, "{model}", --port, "{port}",
+    --skip-tokenizer-init]``. The server must answer SGLang's HTTP API at ``http://{host}:{port}``."""
+    gpu_ids: list[int] = Field(default_factory=list)
+    """``sglang``: the GPU of each server (``CUDA_VISIBLE_DEVICES``); default 0, 1, 2..."""
+    ray_server: Literal["agentrl", "sglang"] = "agentrl"
+    """``ray``: what each actor runs, ``agentrl serve`` or SGLang (``--skip-tokenizer-init``)."""
+    ray_gpus_per_engine: float | None = Field(None, ge=0)
+    """``ray``: GPUs each actor reserves; default 1 for SGLang, 0 for ``agentrl serve``."""
+    ray_address: str | None = None
+    """``ray``: the cluster ``ray.init`` joins (``auto``, ``ray://host:10001``); default: the one
+    ``RAY_ADDRESS`` names, else a new local instance, stopped when the run ends."""
+    weight_sync: Literal["tensor", "disk", "broadcast"] = "tensor"
+    """How weights reach the servers after each step: ``tensor`` (buckets posted to
+    ``/update_weights_from_tensor``), ``disk`` (written under output_dir/weights, loaded with
+    ``/update_weights_from_disk``; servers must read that path), or ``broadcast`` (one process
+    group of the trainer and the serving engines: gloo on CPU, NCCL on GPU; formed again when
+    the serving engines change, and a failed broadcast is finished by ``tensor``)."""
+    startup_timeout: float = Field(600.0, gt=0)
+    """Seconds a started server has to become healthy."""
+    max_inflight_per_engine: int = Field(64, ge=1)
+    """Requests one engine serves at once; more wait for a slot."""
+    health_interval: float = Field(2.0, gt=0)
+    """Seconds between health probes of every engine."""
+    fp8_weights: bool = False
+    """Rollouts with blockwise-FP8 weights (128x128 blocks, SGLang's FP8 checkpoint layout; see
+    `agentrl.fp8_weights`): weight sync sends each linear weight but the LM head's as
+    ``float8_e4m3fn`` with its ``weight_scale_inv``. The embedded engine and ``agentrl serve``
+    (started with ``--fp8-weights``) compute with the dequantised weights; an SGLang server must
+    have been started from a blockwise-FP8 checkpoint. The mismatch metrics then show the cost.
+    Needs ``weight_sync=tensor``."""
+    fp8_ignored_layers: list[str] = Field(default_factory=list)
+    """With ``fp8_weights``: modules (names or name prefixes, SGLang's ``ignored_layers``) whose
+    weights stay in full precision, e.g. ``[model.layers.0]``."""
+
+    batch_size: int = Field(32, ge=1)
+    """The embedded engine's batch rows (``serve`` and ``ray`` servers: ``--max-batch-size``)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The engines' weights, embedded or ``serve`` (the trainer keeps float32): bfloat16 decodes about 1.6x
+    faster on CPUs with AVX512-BF16 and on GPUs, at the price of a larger train/inference
+    mismatch (logged; corrected by TIS/MIS), and slower than float32 on CPUs without it (AVX2
+    only), which emulate it. ``auto``: bfloat16 on a GPU or a CPU with native bfloat16
+    (AVX512-BF16, AMX), float32 elsewhere."""
+    prefix_cache_tokens: int = Field(8192, ge=0)
+    """The embedded engine's prefix cache budget in tokens (0 disables it)."""
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, value: str) -> str:
+        names = [EMBEDDED, *SERVER_KINDS]
+        if value not in names:
+            raise ValueError(f"unknown engine kind {value!r}; registered: {names}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.kind == "attach" and not self.urls:
+            raise ValueError("engines.kind=attach needs engines.urls")
+        if self.kind != "attach" and self.urls:
+            raise ValueError("engines.urls is only for engines.kind=attach")
+        if self.command and self.kind not in ("serve", "sglang"):
+            raise ValueError("engines.command is only for engines.kind=serve or sglang")
+        if self.command and not any("{port}" in part for part in self.command):
+            raise ValueError("engines.command must place the server's port: '{port}'")
+        for part in self.command:
+            try:
+                part.format(model="", port=0, host="", gpu=0)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(
+                    f"engines.command: {part!r} is not a template of {{model}}, {{port}}, "
+                    f"{{host}} and {{gpu}} ({type(exc).__name__}: {exc}); write '{{{{' for '{{'"
+                ) from None
+        if self.kind == EMBEDDED and self.weight_sync != "tensor":
+            raise ValueError("the embedded engine takes weights as tensors (weight_sync=tensor)")
+        if self.fp8_weights and self.weight_sync != "tensor":
+            raise ValueError(
+                f"engines.fp8_weights is sent by weight_sync=tensor only, not "
+                f"{self.weight_sync}: FP8 checkpoints on disk and FP8 broadcasts are not built yet"
+            )
+        if self.fp8_ignored_layers and not self.fp8_weights:
+            raise ValueError("engines.fp8_ignored_layers is set but engines.fp8_weights is off")
+        return self
 
 
 @dataclass
@@ -169,34 +277,26 @@ async def start_engines(
     tokenizer: PreTrainedTokenizerBase,
     engine_dtype: str,
     output_dir: Path,
-    max_batch_size: int,
-    prefix_cache_tokens: int,
     engine_device: torch.device | None = None,
 ) -> RolloutEngines:
-    """Start (or connect to) the engines of ``config``; call it on the first rank only. The
-    embedded engine runs on ``engine_device`` (the first rank's device: on a GPU, beside it)."""
-    if config.kind == "embedded":
+    """Start (or connect to) the engines of ``config``; call it on the first rank only.
+    ``engine_dtype`` is ``config.dtype`` resolved (``auto`` by the device). The embedded engine
+    runs on ``engine_device`` (the first rank's device: on a GPU, beside it)."""
+    if config.kind == EMBEDDED:
         assert engine_model is not None
         local = await LocalEngine(
             engine_model,
             tokenizer=tokenizer,
-            max_batch_size=max_batch_size,
-            prefix_cache_tokens=prefix_cache_tokens,
+            max_batch_size=config.batch_size,
+            prefix_cache_tokens=config.prefix_cache_tokens,
             fp8_weights=config.fp8_weights,
             fp8_ignored=config.fp8_ignored_layers,
             device=engine_device,
         ).start()
         return RolloutEngines(local, config)
-    actors: list[Any] = []
-    ray_started = False
-    if config.kind == "attach":
-        servers = [await SGLangEngine(url).start() for url in config.urls]
-    elif config.kind == "ray":
-        servers, actors, ray_started = await _launch_ray(
-            config, model_path, engine_dtype, max_batch_size
-        )
-    else:
-        servers = await _launch_local(config, model_path, engine_dtype, max_batch_size, output_dir)
+    servers, actors, ray_started = await SERVER_KINDS[config.kind](
+        config, model_path, engine_dtype, output_dir
+    )
     pool = EnginePool(
         servers,
         max_inflight_per_engine=config.max_inflight_per_engine,
@@ -215,9 +315,14 @@ async def start_engines(
     return engines
 
 
+async def _attach(config: EnginesConfig, model_path: str, dtype: str, output_dir: Path) -> Servers:
+    """The servers already running at ``config.urls``."""
+    return [await SGLangEngine(url).start() for url in config.urls], [], False
+
+
 async def _launch_ray(
-    config: EnginesConfig, model_path: str, dtype: str, max_batch_size: int
-) -> tuple[list[SGLangEngine], list[Any], bool]:
+    config: EnginesConfig, model_path: str, dtype: str, output_dir: Path
+) -> Servers:
     """Place ``count`` servers as Ray actors; returns (clients, actor handles, whether this run
     started Ray)."""
     import ray
@@ -230,7 +335,7 @@ async def _launch_ray(
     sglang = config.ray_server == "sglang"
     extra = list(config.server_args)
     if not sglang:
-        extra = ["--dtype", dtype, "--max-batch-size", str(max_batch_size), *extra]
+        extra = ["--dtype", dtype, "--max-batch-size", str(config.batch_size), *extra]
     gpus = config.ray_gpus_per_engine
     try:
         servers, actors = await launch_ray_engines(
@@ -264,8 +369,9 @@ def _master_address(urls: list[str]) -> str:
 
 
 async def _launch_local(
-    config: EnginesConfig, model_path: str, dtype: str, max_batch_size: int, output_dir: Path
-) -> list[SGLangEngine]:
+    config: EnginesConfig, model_path: str, dtype: str, output_dir: Path
+) -> Servers:
+    """``config.count`` servers started here (``serve``, ``sglang``), logs under output_dir."""
     logs = output_dir / "engines"
     logs.mkdir(parents=True, exist_ok=True)
     servers: list[SGLangEngine] = []
@@ -278,7 +384,7 @@ async def _launch_local(
                 command = [part.format(**fields) for part in config.command]
                 command += config.server_args
             elif config.kind == "serve":
-                command = serve_command(model_path, port, max_batch_size=max_batch_size)
+                command = serve_command(model_path, port, max_batch_size=config.batch_size)
                 command += ["--dtype", dtype, *config.server_args]
                 if config.fp8_weights:
                     command.append("--fp8-weights")
@@ -300,7 +406,23 @@ async def _launch_local(
         for server in servers:
             await server.aclose()
         raise
-    return servers
+    return servers, [], False
+
+
+Servers = tuple[list[SGLangEngine], list[Any], bool]
+"""The servers started or attached, the Ray actors holding them, whether this run started Ray."""
+ServerLauncher = Callable[[EnginesConfig, str, str, Path], Awaitable[Servers]]
+"""``(config, model_path, engine_dtype, output_dir) -> Servers``: one ``engines.kind``."""
+
+SERVER_KINDS: dict[str, ServerLauncher] = {
+    "serve": _launch_local,
+    "sglang": _launch_local,
+    "attach": _attach,
+    "ray": _launch_ray,
+}
+"""The ``engines.kind`` values served through an :class:`~agentrl.engine_pool.EnginePool`, by
+name; ``embedded`` (:data:`EMBEDDED`) is the one other kind. A new backend is a launcher, one
+entry here (``engines.kind`` takes the names) and its test in tests/rl/test_pool_training.py."""
 
 
 async def sync_engines(

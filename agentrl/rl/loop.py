@@ -66,8 +66,8 @@ from agentrl.models import engine_dtype, load_model, load_tokenizer
 from agentrl.rl.batch import TrainingBatch, build_batch, group_has_signal
 from agentrl.rl.config import TrainConfig
 from agentrl.rl.critic import Critic, load_value_model, value_model_from_policy
-from agentrl.rl.engines import RolloutEngines, start_engines, sync_engines
-from agentrl.rl.objective import EXTREME_KEYS, Objective
+from agentrl.rl.engines import EMBEDDED, RolloutEngines, start_engines, sync_engines
+from agentrl.rl.objective import CRITIC_ADVANTAGE, EXTREME_KEYS, Objective
 from agentrl.rollout.mixture import EnvMixture
 from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.rollout.stream import Group, RolloutStream
@@ -112,7 +112,7 @@ class Trainer:
         """Where rollouts go: the embedded LocalEngine or an EnginePool of servers (first rank)."""
         self.engines: RolloutEngines | None = None
         self.engine_dtype = "float32"
-        """The engine's weight dtype (``rollout.engine_dtype`` resolved: ``auto`` by the device)."""
+        """The engine's weight dtype (``engines.dtype`` resolved: ``auto`` by the device)."""
         self.stream: RolloutStream | None = None
         self.metrics: MetricsLogger | None = None
         self.progress: TrainProgress | None = None
@@ -155,8 +155,8 @@ class Trainer:
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         engine_model = None
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.engine_dtype = engine_dtype(cfg.rollout.engine_dtype, device)
-        if self.is_main and cfg.engines.kind == "embedded":
+        self.engine_dtype = engine_dtype(cfg.engines.dtype, device)
+        if self.is_main and cfg.engines.kind == EMBEDDED:
             # the engine's own copy, in its own dtype; weight sync casts on load
             engine_model = copy.deepcopy(model).to(getattr(torch, self.engine_dtype))
         self.critic = self._build_critic(model)
@@ -169,7 +169,7 @@ class Trainer:
         )
         stream_state = self._resume(resume_from)
         if self.is_main:
-            where = "embedded engine" if cfg.engines.kind == "embedded" else "engine servers"
+            where = "embedded engine" if cfg.engines.kind == EMBEDDED else "engine servers"
             with self._status(f"starting the {where}"):
                 self.engines = await start_engines(
                     cfg.engines,
@@ -179,8 +179,6 @@ class Trainer:
                     engine_dtype=self.engine_dtype,
                     engine_device=self.dist.device,
                     output_dir=self.output_dir,
-                    max_batch_size=cfg.rollout.engine_batch_size,
-                    prefix_cache_tokens=cfg.rollout.prefix_cache_tokens,
                 )
             self.engine = self.engines.engine
         if self.actor.step > 0:  # resumed: the engine still has the initial weights
@@ -260,7 +258,7 @@ class Trainer:
     def _build_critic(self, policy: PreTrainedModel) -> Critic | None:
         """The critic of ``algorithm.advantage=gae`` (from the unsharded policy), else None."""
         cfg = self.config
-        if cfg.algorithm.advantage != "gae":
+        if cfg.algorithm.advantage != CRITIC_ADVANTAGE:
             return None
         attn = cfg.model.attn_implementation
         with self._status("building the critic"):

@@ -35,22 +35,211 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from typing import Literal, Self
 
 import torch
 import torch.distributed as dist
+from pydantic import Field, field_validator, model_validator
 from torch import nn
 
+from agentrl.algorithms.advantages import OUTCOME_ADVANTAGES
 from agentrl.algorithms.losses import (
+    POLICY_LOSSES,
+    Aggregation,
+    KLEstimator,
+    PolicyLossKind,
     aggregate,
     entropy_from_logits,
     kl_penalty,
     loss_denominator,
     policy_loss,
 )
-from agentrl.algorithms.off_policy import importance_weights, mismatch_metrics, rejection_mask
+from agentrl.algorithms.off_policy import (
+    ImportanceLevel,
+    importance_weights,
+    mismatch_metrics,
+    rejection_mask,
+)
+from agentrl.config import Config
 from agentrl.engine_pool.sampling import logprob_temperature
-from agentrl.rl.config import AlgorithmConfig
 from agentrl.training.packing import PackedMicroBatch, packed_forward
+
+CRITIC_ADVANTAGE = "gae"
+"""``algorithm.advantage`` of PPO with a critic: per-token GAE advantages (:mod:`agentrl.rl.critic`)."""
+
+
+class AlgorithmConfig(Config):
+    """Advantages, the policy loss and off-policy correction."""
+
+    advantage: str = "grpo"
+    """A registered estimator (:data:`~agentrl.algorithms.advantages.OUTCOME_ADVANTAGES`, or
+    ``gae``). ``grpo``: group-normalised; ``dr_grpo``: group-centred, not scaled; ``reinforce_pp``:
+    batch-whitened rewards; ``reinforce_pp_baseline``: group-centred, then batch-whitened;
+    ``gae``: PPO with a critic (the ``critic`` section): per-token GAE advantages from the
+    critic's values over each trajectory's loss tokens (environment tokens skipped), whitened over
+    the batch's loss tokens; groups need not have more than one sample."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """``gae``: the discount per loss token (verl's default 1: no discount within an episode)."""
+    lam: float = Field(1.0, ge=0, le=1)
+    """``gae``: GAE's lambda (1: Monte-Carlo returns minus the value; 0: one-step TD errors)."""
+    small_groups: Literal["drop", "keep"] = "drop"
+    """A group that failures (errors, infrastructure failures) left with fewer than two valid
+    samples, out of two or more: ``drop`` it from the loss, or ``keep`` it (a lone sample's
+    group-relative advantage is 0). Counted in ``batch/small_groups`` either way."""
+    loss: PolicyLossKind = "ppo"
+    """A registered policy loss (:data:`~agentrl.algorithms.losses.POLICY_LOSSES`). ``ppo``: token-level PPO-clip (with dual-clip); ``gspo``: GSPO's sequence-level ratio;
+    ``cispo``: CISPO, ``-sg(clip(ratio)) * A * log-prob``, which keeps every token's gradient
+    (with ``old_logprobs=trainer`` and one update per step its ratio is 1, so it is REINFORCE
+    weighted by the importance correction; with ``engine`` its weight is the clipped ratio to the
+    engine)."""
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    """Lower clip range (``ppo``, ``gspo``): ratios below ``1 - clip_low`` are clipped."""
+    clip_high: float = Field(0.28, ge=0)
+    """Upper clip range (``ppo``, ``gspo``; DAPO's clip-higher when above ``clip_low``)."""
+    clip_ratio_c: float | None = Field(3.0, gt=1)
+    """Dual-clip (``ppo``): a token with advantage ``A < 0`` loses at most ``-A * clip_ratio_c``,
+    so one whose ratio grew past ``clip_ratio_c`` gets no gradient (verl's default 3.0);
+    ``null`` turns it off."""
+    cispo_clip_low: float = Field(1.0, ge=0, le=1)
+    """``cispo``: weights below ``1 - cispo_clip_low`` are raised to it; 1 (the MiniMax-M1
+    paper's choice) sets no lower bound."""
+    cispo_clip_high: float = Field(0.28, ge=0)
+    """``cispo``: weights above ``1 + cispo_clip_high`` are cut to it."""
+    aggregation: Aggregation = "token-mean"
+    """How per-token losses reduce to one number (see agentrl.algorithms.losses)."""
+    norm_length: int | None = Field(None, ge=1)
+    """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO); defaults to max_new_tokens."""
+    old_logprobs: Literal["trainer", "engine"] = "trainer"
+    """Ratio reference: ``trainer`` (the trainer's log-probs before the step's first update; the
+    engine gap is corrected by importance weights) or ``engine`` (the ratio absorbs the gap and
+    is clipped; needs ``importance_correction=none``)."""
+    mini_batches: int = Field(1, ge=1)
+    """PPO mini-batches: each epoch splits the step's sequences (round-robin by batch index,
+    whole sequences, the same split on every rank) into this many parts and takes one optimizer
+    step per part. Above 1 (or with ``epochs`` above 1) the trainer's old log-probs are computed
+    once with a gradient-free forward before the first update, so the ratio moves and clipping
+    acts from the second update on; 1 with ``epochs=1`` is one update, old = current detached."""
+    epochs: int = Field(1, ge=1)
+    """Passes over the step's mini-batches: ``mini_batches * epochs`` optimizer steps per trainer
+    step (the LR schedule and the weight version still advance once per trainer step)."""
+    importance_correction: Literal["tis", "mis", "none"] = "tis"
+    """Engine-to-trainer importance weights (``old_logprobs=trainer`` only): ``tis`` truncates the
+    ratio at ``importance_cap``; ``mis`` zeroes the weight of tokens (or sequences) whose ratio
+    leaves ``[importance_lower, importance_cap]`` (at token level with bounds 0.5 and 5, IcePop);
+    ``none``."""
+    importance_level: ImportanceLevel = "token"
+    """Per-token ratios, or their product per sequence (the geometric mean is a rejection test:
+    ``rejection=geometric``)."""
+    importance_cap: float = Field(2.0, ge=1)
+    """TIS truncation / MIS upper bound on the ratio."""
+    importance_lower: float = Field(0.5, ge=0, le=1)
+    """MIS lower bound on the ratio (0: mask only the high side)."""
+    rejection: Literal["none", "token", "geometric"] = "none"
+    """Take tokens out of the loss by their trainer/engine ratio: ``token`` (IcePop-style: each
+    token whose ratio leaves ``[rejection_low, rejection_high]``) or ``geometric`` (a whole
+    sequence whose geometric-mean ratio leaves it); ``none``. Rejected tokens weigh 0 (still
+    counted in the loss's denominator, as MIS's), accepted ones 1 times any importance weight
+    (e.g. token TIS)."""
+    rejection_low: float | None = Field(None, ge=0, le=1)
+    """Lower bound of the accepted ratio band; default 0.5 (``token``) or 0.999 (``geometric``)."""
+    rejection_high: float | None = Field(None, ge=1)
+    """Upper bound of the accepted ratio band; default 5 (``token``) or 1.001 (``geometric``)."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of a KL penalty to the initial policy (0: no reference model is loaded)."""
+    kl_estimator: KLEstimator = "k3"
+    """Estimator of the KL penalty (k3 is clamped at 10 per token, as verl's low_var_kl)."""
+    overlong_buffer: int = Field(0, ge=0)
+    """DAPO's soft overlong punishment: the last this many tokens of the response budget
+    ``L_max`` (``overlong_max_tokens``) are a buffer. An episode of ``n`` completion tokens (the
+    engine's, summed over its turns: ``Trajectory.completion_tokens``) gets ``0`` up to
+    ``L_max - overlong_buffer``, then ``-(n - (L_max - overlong_buffer)) / overlong_buffer *
+    overlong_penalty``, reaching ``-overlong_penalty`` at ``L_max`` and staying there beyond;
+    added to its reward before the advantages (``reward/mean`` stays the environment's reward;
+    the penalty is in ``reward/overlong_penalty_mean`` and ``reward/overlong_fraction``).
+    0 turns it off."""
+    overlong_penalty: float = Field(1.0, gt=0)
+    """The largest overlong penalty (DAPO's factor), reached at ``L_max``."""
+    overlong_max_tokens: int | None = Field(None, ge=1)
+    """The response budget ``L_max`` of the overlong penalty; default ``rollout.max_new_tokens``
+    (one turn's budget: right for single-turn episodes; set it for multi-turn ones, whose
+    completion tokens add up over turns)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: a group whose valid samples all have the same reward (after
+    the overlong penalty) has no group-relative signal, so it is filtered out and more groups
+    are drawn from the stream until the step has ``rollout.groups_per_step`` groups with
+    signal, or ``dynamic_sampling_max_draws`` is reached (then the step trains on the groups
+    it has). Counted in ``dynamic_sampling/drawn``, ``filtered`` and ``cap_hit``. Meant for the
+    group-relative estimators (``grpo``, ``dr_grpo``, ``reinforce_pp_baseline``)."""
+    dynamic_sampling_max_draws: int = Field(3, ge=1)
+    """Dynamic sampling draws at most this many times ``rollout.groups_per_step`` groups per
+    step (1: no extra draws, only the filter)."""
+
+    @field_validator("advantage")
+    @classmethod
+    def _registered_advantage(cls, value: str) -> str:
+        names = [*OUTCOME_ADVANTAGES, CRITIC_ADVANTAGE]
+        if value not in names:
+            raise ValueError(f"unknown advantage estimator {value!r}; registered: {names}")
+        return value
+
+    @field_validator("loss")
+    @classmethod
+    def _registered_loss(cls, value: str) -> str:
+        if value not in POLICY_LOSSES:
+            raise ValueError(f"unknown policy loss {value!r}; registered: {list(POLICY_LOSSES)}")
+        return value
+
+    @field_validator("importance_level", mode="before")
+    @classmethod
+    def _no_geometric_weights(cls, value: object) -> object:
+        if value == "geometric":
+            raise ValueError(
+                "geometric-mean ratios accept or reject whole sequences rather than weigh them: "
+                "set algorithm.rejection=geometric (with importance_level token or sequence for "
+                "the weights)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.old_logprobs == "engine" and self.importance_correction != "none":
+            raise ValueError(
+                f"algorithm.importance_correction={self.importance_correction} has no effect "
+                "with algorithm.old_logprobs=engine (the ratio to the engine is itself the "
+                "correction); set algorithm.importance_correction=none or "
+                "algorithm.old_logprobs=trainer"
+            )
+        bounds = {"rejection_low": self.rejection_low, "rejection_high": self.rejection_high}
+        given = [f"algorithm.{k}" for k, v in bounds.items() if v is not None]
+        if self.rejection == "none" and given:
+            raise ValueError(
+                f"{' and '.join(given)} set with algorithm.rejection=none: the bounds apply "
+                "only to algorithm.rejection=token or geometric"
+            )
+        if self.rejection_low is not None and self.rejection_low == self.rejection_high:
+            raise ValueError(
+                "algorithm.rejection_low and algorithm.rejection_high are equal: the band must "
+                "have a width, or every sequence is rejected"
+            )
+        if self.advantage != CRITIC_ADVANTAGE:
+            # a key away from its default (a dumped config.yaml sets every key to its value)
+            stray = [
+                f"algorithm.{k}"
+                for k in ("gamma", "lam")
+                if getattr(self, k) != type(self).model_fields[k].default
+            ]
+            if stray:
+                raise ValueError(
+                    f"{' and '.join(stray)} set with algorithm.advantage={self.advantage}: "
+                    "gamma and lam belong to algorithm.advantage=gae (the critic)"
+                )
+        if self.overlong_max_tokens is not None and not self.overlong_buffer:
+            raise ValueError(
+                "algorithm.overlong_max_tokens is set but algorithm.overlong_buffer=0 turns the "
+                "overlong penalty off; set algorithm.overlong_buffer"
+            )
+        return self
+
 
 MEAN_METRICS = {
     "clip_fraction": "policy/clip_fraction",

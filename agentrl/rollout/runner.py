@@ -26,14 +26,45 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
+from pydantic import Field
 
+from agentrl.config import Config
 from agentrl.engine_pool import Engine, SamplingParams
 from agentrl.envs import INFRA_ERROR, AgentEnv, AgentWrapper
 from agentrl.rollout.trajectory import Trajectory, Turn
 from agentrl.tokenization import SeamPolicy, TemplatePolicy, TokenTrajectory, TrajectoryBuilder
+
+
+class RolloutConfig(Config):
+    """How episodes are sampled."""
+
+    groups_per_step: int = Field(4, ge=1)
+    """Prompts (groups) in one training batch."""
+    group_size: int = Field(4, ge=1)
+    """Samples per prompt (GRPO's G); one group shares its reset seed, hence its prompt."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; the trainer scores tokens at the same temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold (1 disables it; anything else makes log-probs biased)."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Tokens per assistant turn."""
+    max_total_tokens: int = Field(1024, ge=2)
+    """Tokens per trajectory (prompt, every turn and every tool result)."""
+    concurrency: int = Field(64, ge=1)
+    """Episodes in flight at once."""
+    template_policy: Literal["keep", "strict"] = "keep"
+    """A chat template that is not append-only (``agentrl check-template``): ``keep`` the tokens
+    the engine saw, with a warning, or ``strict``: refuse it (each episode then ends with a
+    ``tokenization:`` error naming the problem). Templates that cannot be used are refused
+    under both."""
+    token_seams: Literal["keep", "reencode"] = "keep"
+    """Where a full encode splits a prompt/completion boundary differently (token seams):
+    ``keep`` the engine's ids, or ``reencode`` them as a full render would (the seam's ids leave
+    the loss; counted in ``mismatch/seam_edits`` and ``mismatch/seam_engine_tokens``)."""
+
 
 EnvMaker = Callable[[], AgentEnv | AgentWrapper]
 T = TypeVar("T")

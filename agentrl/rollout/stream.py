@@ -29,10 +29,30 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field
+
+from agentrl.algorithms.off_policy import StalenessMode
+from agentrl.config import Config
 from agentrl.rollout.runner import RolloutTask, Runner
 from agentrl.rollout.trajectory import Trajectory
+
+
+class StreamConfig(Config):
+    """Streaming rollouts into the trainer, staleness and partial rollouts."""
+
+    max_staleness: int = Field(0, ge=0)
+    """Policy versions a token may lag the weights being trained; 0 is synchronous on-policy
+    training (rollouts for step s start only once the weights of step s are in the engine)."""
+    staleness_mode: StalenessMode = "drop"
+    """For tokens beyond the bound: ``drop`` their group, ``mask`` the tokens, or keep them for
+    ``importance`` correction (by algorithm.importance_correction, or by the ratio to the engine
+    with algorithm.old_logprobs=engine)."""
+    partial_rollouts: Literal["pause", "abort"] = "pause"
+    """At a weight update, in-flight generations are paused and continue under the new weights
+    (``pause``), or aborted, keeping their tokens, and re-issued (``abort``)."""
+
 
 Group = list[Trajectory]
 

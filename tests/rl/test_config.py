@@ -1,5 +1,6 @@
 """The training run's typed config: the YAML example, dotted overrides and clear errors."""
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,47 @@ def test_off_policy_combinations_that_make_sense_load():
         0.5,
         "none",
     )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "value"),
+    [
+        ("rollout.engine_dtype", "engines.dtype", "bfloat16"),
+        ("rollout.engine_batch_size", "engines.batch_size", 7),
+        ("rollout.prefix_cache_tokens", "engines.prefix_cache_tokens", 0),
+    ],
+)
+def test_a_moved_key_is_read_for_one_release_with_a_warning_naming_its_new_key(old, new, value):
+    with pytest.warns(FutureWarning, match=f"{old} is deprecated .* use {new}"):
+        config = TrainConfig.load(None, [f"{old}={value}"])
+    section, key = new.split(".")
+    assert getattr(getattr(config, section), key) == value
+    with pytest.raises(ConfigError, match=f"{old} and {new} both set"):
+        TrainConfig.load(None, [f"{old}={value}", f"{new}={value}"])
+
+
+def test_the_example_configs_use_no_moved_key(recwarn):
+    for path in sorted(EXAMPLE.parent.glob("*.yaml")):
+        if "sft" not in path.stem:
+            TrainConfig.load(path)
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+
+
+@pytest.mark.parametrize(
+    ("key", "table"),
+    [
+        ("algorithm.advantage", "agentrl.algorithms.advantages.OUTCOME_ADVANTAGES"),
+        ("algorithm.loss", "agentrl.algorithms.losses.POLICY_LOSSES"),
+        ("engines.kind", "agentrl.rl.engines.SERVER_KINDS"),
+    ],
+)
+def test_allowed_values_come_from_the_registries(key, table, monkeypatch):
+    """An unknown name is refused with the registered ones; a name added to the table is taken."""
+    with pytest.raises(ConfigError, match=f"{key}: .*registered"):
+        TrainConfig.load(None, [f"{key}=nonesuch"])
+    module, name = table.rsplit(".", 1)
+    registry = getattr(importlib.import_module(module), name)
+    monkeypatch.setitem(registry, "nonesuch", next(iter(registry.values())))
+    config = TrainConfig.load(None, [f"{key}=nonesuch"])
+    section, field = key.split(".")
+    assert getattr(getattr(config, section), field) == "nonesuch"

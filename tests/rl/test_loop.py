@@ -36,7 +36,7 @@ def subprocess_env():
 
 def tiny_config(policy_dir, out, *overrides, env="env.id=parity_env:test/Parity-v0"):
     """A two-step run of the tiny policy. Its engines hold float32 weights on every CPU:
-    ``rollout.engine_dtype=auto`` would pick bfloat16 on CPUs with AVX512-BF16 or AMX, whose
+    ``engines.dtype=auto`` would pick bfloat16 on CPUs with AVX512-BF16 or AMX, whose
     rounding (a mismatch of about 1.5e-3) hides what these tests check: that the engines sample
     with exactly the trainer's weights (float32 rounding, about 1e-6). The bfloat16 engine has its
     own test."""
@@ -46,7 +46,7 @@ def tiny_config(policy_dir, out, *overrides, env="env.id=parity_env:test/Parity-
             f"model.path={policy_dir}",
             env,
             f"trainer.output_dir={out}",
-            "rollout.engine_dtype=float32",
+            "engines.dtype=float32",
             "rollout.groups_per_step=2",
             "rollout.group_size=2",
             "rollout.max_new_tokens=8",
@@ -219,7 +219,7 @@ async def test_a_mixture_of_environments_draws_groups_by_weight(tiny_policy_dir,
 
 
 async def test_a_bfloat16_engine_samples_while_the_trainer_keeps_float32(tiny_policy_dir, tmp_path):
-    config = tiny_config(tiny_policy_dir, tmp_path, "rollout.engine_dtype=bfloat16")
+    config = tiny_config(tiny_policy_dir, tmp_path, "engines.dtype=bfloat16")
     async with Trainer(config, show_progress=False) as trainer:
         batches = record_batches(trainer)
         await trainer.run()
