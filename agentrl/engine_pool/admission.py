@@ -60,7 +60,7 @@ def prefill_admission(
     parts: list[tuple[DecodeBatch, torch.Tensor]] = []
     for group in groups:
         suffixes = [contexts[i][cached[i] :] for i in group]
-        kv = [None if hits[i] is None else hits[i].kv for i in group]
+        kv = [None if (hit := hits[i]) is None else hit.kv for i in group]
         parts.append(DecodeBatch.prefill(model, suffixes, kv))
     batch = parts[0][0]
     for other, _ in parts[1:]:

@@ -27,7 +27,6 @@ Supported: decoder-only transformers models whose cache is all full-attention ``
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Sequence
 
@@ -95,7 +94,7 @@ class DecodeBatch:
             )
         if depth:
             kv = _stack_left_padded(past_kv, depth)  # (layers, 2, B, H, P, D)
-            for layer, (keys, values) in zip(cache.layers, kv, strict=True):
+            for layer, (keys, values) in zip(_full_layers(cache), kv, strict=True):
                 layer.update(keys, values)
         out = model(
             input_ids=input_ids,
@@ -103,7 +102,7 @@ class DecodeBatch:
             position_ids=position_ids,
             use_cache=True,
             logits_to_keep=1,
-            **{_cache_argument(type(model)): cache},
+            **{_cache_argument(model): cache},
         )
         batch = cls(cache, attention_mask, attention_mask.sum(-1))  # the forward filled it in place
         if depth:
@@ -124,7 +123,7 @@ class DecodeBatch:
             attention_mask=self.attention_mask,
             position_ids=self.lengths.unsqueeze(1),  # (B, 1)
             use_cache=True,
-            **{_cache_argument(type(model)): self.cache},
+            **{_cache_argument(model): self.cache},
         )
         self.lengths = self.lengths + 1
         return out.logits[:, -1]
@@ -135,8 +134,8 @@ class DecodeBatch:
         n = int(self.lengths[row])
         return torch.stack(
             [
-                torch.stack([layer.keys[row, :, -n:], layer.values[row, :, -n:]])
-                for layer in self.cache.layers
+                torch.stack([keys[row, :, -n:], values[row, :, -n:]])
+                for keys, values in map(_kv, _full_layers(self.cache))
             ]
         )
 
@@ -150,9 +149,10 @@ class DecodeBatch:
         start = int(mask.any(0).long().argmax())  # first column some kept row attends to
         self.attention_mask = mask[:, start:]
         self.lengths = self.lengths[index]
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[index, :, start:]
-            layer.values = layer.values[index, :, start:]
+        for layer in _full_layers(self.cache):
+            keys, values = _kv(layer)
+            layer.keys = keys[index, :, start:]
+            layer.values = values[index, :, start:]
 
     @torch.inference_mode()
     def extend(self, other: DecodeBatch) -> None:
@@ -162,12 +162,11 @@ class DecodeBatch:
             [_left_pad(self.attention_mask, width, -1), _left_pad(other.attention_mask, width, -1)]
         )
         self.lengths = torch.cat([self.lengths, other.lengths])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.keys = torch.cat(
-                [_left_pad(mine.keys, width, -2), _left_pad(theirs.keys, width, -2)]
-            )
+        for mine, theirs in zip(_full_layers(self.cache), _full_layers(other.cache), strict=True):
+            (my_keys, my_values), (their_keys, their_values) = _kv(mine), _kv(theirs)
+            mine.keys = torch.cat([_left_pad(my_keys, width, -2), _left_pad(their_keys, width, -2)])
             mine.values = torch.cat(
-                [_left_pad(mine.values, width, -2), _left_pad(theirs.values, width, -2)]
+                [_left_pad(my_values, width, -2), _left_pad(their_values, width, -2)]
             )
 
     def _align_right(self) -> None:
@@ -177,11 +176,12 @@ class DecodeBatch:
         # a stable sort of the 0/1 mask puts padding first and keeps the real columns in order
         index = torch.sort(self.attention_mask, dim=-1, stable=True).indices[:, -width:]  # (B, W)
         self.attention_mask = self.attention_mask.gather(1, index)
-        for layer in self.cache.layers:
-            heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+        for layer in _full_layers(self.cache):
+            keys, values = _kv(layer)
+            heads, dim = keys.shape[1], keys.shape[3]
             expanded = index[:, None, :, None].expand(-1, heads, -1, dim)  # (B, H, W, D)
-            layer.keys = layer.keys.gather(2, expanded)
-            layer.values = layer.values.gather(2, expanded)
+            layer.keys = keys.gather(2, expanded)
+            layer.values = values.gather(2, expanded)
 
 
 def _stack_left_padded(kv: Sequence[torch.Tensor | None], depth: int) -> torch.Tensor:
@@ -197,6 +197,22 @@ def _is_full(layer: object) -> bool:
     return type(layer) is DynamicLayer and not layer.is_sliding
 
 
+def _full_layers(cache: DynamicCache) -> list[DynamicLayer]:
+    """``cache``'s layers, typed as what ``prefill`` checked they are: full-attention
+    ``DynamicLayer``s."""
+    layers = [layer for layer in cache.layers if isinstance(layer, DynamicLayer)]
+    if len(layers) != len(cache.layers):
+        raise NotImplementedError("DecodeBatch supports full-attention caches only")
+    return layers
+
+
+def _kv(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """A filled layer's keys and values (every layer is once the batch's prefill ran)."""
+    if layer.keys is None or layer.values is None:
+        raise RuntimeError("the KV cache layer holds no keys or values yet")
+    return layer.keys, layer.values
+
+
 def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     """Zero-pad ``tensor`` on the left of ``dim`` (a negative index) up to ``width``."""
     missing = width - tensor.shape[dim]
@@ -206,9 +222,17 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return F.pad(tensor, pad)
 
 
-@functools.cache
-def _cache_argument(model_class: type) -> str:
+_CACHE_ARGUMENTS: dict[type[torch.nn.Module], str] = {}
+
+
+def _cache_argument(model: torch.nn.Module) -> str:
     """The forward's name for the KV cache: ``cache`` in transformers 5.x, which deprecates (and
-    will drop) the ``past_key_values`` that older versions take."""
-    parameters = inspect.signature(model_class.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
+    will drop) the ``past_key_values`` that older versions take. Looked up once per model class."""
+    model_class = type(model)
+    name = _CACHE_ARGUMENTS.get(model_class)
+    if name is None:
+        parameters = inspect.signature(model_class.forward).parameters
+        name = _CACHE_ARGUMENTS[model_class] = (
+            "cache" if "cache" in parameters else "past_key_values"
+        )
+    return name

@@ -65,7 +65,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -161,17 +161,19 @@ class LocalEngine:
             return self
         if self._model is None:
             self._model = await self._in_worker(load_model, self._source, self._dtype)
-        if self._device is not None and self._model.device != self._device:
-            self._model = await self._in_worker(self._model.to, self._device)
-        self._device = self._model.device
+        model = self._model
+        if self._device is not None and model.device != self._device:
+            await self._in_worker(model.to, self._device)  # moves it in place (returns it)
+        self._device = model.device
         if not self._eos:
             self._eos = await self._in_worker(self._default_eos)
-        self._model.eval()
+        model.eval()
         if self._fp8_weights:
-            self._fp8_names = fp8_weight_names(self._model, self._fp8_ignored)
-            await self._in_worker(round_weights_through_fp8, self._model, self._fp8_names)
-        self._vocab_size = self._model.get_input_embeddings().num_embeddings
-        self._max_context = getattr(self._model.config, "max_position_embeddings", None)
+            self._fp8_names = fp8_weight_names(model, self._fp8_ignored)
+            await self._in_worker(round_weights_through_fp8, model, self._fp8_names)
+        # An nn.Embedding's int attribute; Module.__getattr__'s type knows only tensors and modules.
+        self._vocab_size = cast(int, model.get_input_embeddings().num_embeddings)
+        self._max_context = getattr(model.config, "max_position_embeddings", None)
         self._task = asyncio.create_task(self._schedule(), name="LocalEngine.scheduler")
         return self
 

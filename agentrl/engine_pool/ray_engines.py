@@ -124,7 +124,8 @@ async def launch_ray_engines(
     import ray
 
     remote = ray.remote(num_gpus=num_gpus, num_cpus=num_cpus)(EngineServerActor)
-    actors = [
+    # Actor handles are dynamic: their methods' `.remote` is Ray's, not the class's.
+    actors: list[Any] = [
         remote.remote(model, server, tuple(extra_args), startup_timeout) for _ in range(count)
     ]
     urls = await asyncio.gather(*(_await_ref(actor.url.remote()) for actor in actors))

@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Coroutine
-from typing import Any, ClassVar, SupportsFloat, TypeVar
+from typing import Any, SupportsFloat, TypeVar
 
 import gymnasium
 
@@ -55,7 +55,7 @@ ResetResult = tuple[list[Message], dict[str, Any]]
 class AgentEnv(gymnasium.Env[list[Message], str]):
     """Base class of every agentrl environment (see the module docstring for the contract)."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (an instance variable in gymnasium.Env)
     observation_space = ChatMessages()
     action_space = AssistantText()
     final_turn: bool = False

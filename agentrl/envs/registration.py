@@ -76,6 +76,15 @@ class EnvFactory:
         return EpisodeGuard(env)
 
 
+def make_env(env_id: str, **kwargs: Any) -> AgentEnv | AgentWrapper:
+    """``gymnasium.make(env_id, **kwargs)`` for an agentrl environment, typed as one (its async
+    verbs); TypeError when ``env_id`` names some other kind of environment."""
+    env = gymnasium.make(env_id, **kwargs)
+    if not isinstance(env, (AgentEnv, AgentWrapper)):
+        raise TypeError(f"{env_id} is not an agentrl environment (it has no async verbs)")
+    return env
+
+
 def register_env(env_id: str, target: str | type[AgentEnv], **spec_kwargs: Any) -> None:
     """Register ``env_id`` (``namespace/Name-vN``) for an AgentEnv class, given as the class or as
     ``"module:Class"``; ``spec_kwargs`` go to ``gymnasium.register`` (e.g. default ``kwargs``)."""

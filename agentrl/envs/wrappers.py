@@ -20,6 +20,10 @@ from agentrl.envs.spaces import Message
 class AgentWrapper(gymnasium.Wrapper[list[Message], str, list[Message], str]):
     """Base wrapper: forwards the async verbs; subclasses override the ones they change."""
 
+    env: AgentEnv | AgentWrapper
+    """The wrapped environment: always an agentrl one (checked in ``__init__``), so it has the
+    async verbs."""
+
     def __init__(self, env: AgentEnv | AgentWrapper):
         if not isinstance(env, (AgentEnv, AgentWrapper)):
             raise TypeError(
@@ -99,11 +103,11 @@ class TurnLimit(AgentWrapper):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> ResetResult:
         self._turns = 0
-        self.env.unwrapped.final_turn = False  # type: ignore[attr-defined]
+        self.agent_env.final_turn = False
         return await self.env.areset(seed=seed, options=options)
 
     async def astep(self, action: str) -> StepResult:
-        self.env.unwrapped.final_turn = self._turns + 1 >= self.max_turns  # type: ignore[attr-defined]
+        self.agent_env.final_turn = self._turns + 1 >= self.max_turns
         obs, reward, terminated, truncated, info = await self.env.astep(action)
         self._turns += 1
         if self._turns >= self.max_turns and not terminated:

@@ -93,12 +93,13 @@ async def _rollout(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> list
 
     import agentrl  # noqa: F401  (registers environments)
     from agentrl.engine_pool import LocalEngine, SamplingParams
+    from agentrl.envs import AgentEnv, AgentWrapper, make_env
     from agentrl.models import load_tokenizer
     from agentrl.rollout.runner import EpisodeRunner, group_tasks
 
     console = Console()
     probe = gymnasium.make(args.env, **env_kwargs)  # fail fast on a bad id or keyword
-    if not hasattr(probe, "astep"):
+    if not isinstance(probe, (AgentEnv, AgentWrapper)):
         raise SystemExit(f"{args.env} is not an agentrl environment (it has no async verbs)")
     await probe.aclose()
     sampling = SamplingParams(
@@ -119,7 +120,7 @@ async def _rollout(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> list
     start = time.perf_counter()
     async with engine:
         runner = EpisodeRunner(
-            lambda: gymnasium.make(args.env, **env_kwargs),
+            lambda: make_env(args.env, **env_kwargs),
             engine,
             tokenizer,
             sampling,

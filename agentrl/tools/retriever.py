@@ -363,7 +363,7 @@ def format_passages(hits: Sequence[Hit], max_passage_chars: int | None = None) -
 def _tokenize(texts: Sequence[str], stemmer: Any, stopwords: str | None) -> list[list[str]]:
     import bm25s
 
-    return bm25s.tokenize(  # type: ignore[no-any-return]
+    return bm25s.tokenize(
         list(texts), stopwords=stopwords, stemmer=stemmer, return_ids=False, show_progress=False
     )
 

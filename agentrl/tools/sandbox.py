@@ -147,8 +147,10 @@ class Sandbox(abc.ABC):
         outlives the call.
         """
         _check_limits(timeout, max_output_bytes)
-        request = {"cmd": cmd, "timeout": timeout, "stdin": stdin, "max_output": max_output_bytes}
-        return ExecResult(**await self._call("exec", timeout, **request))
+        reply = await self._call(
+            "exec", timeout, cmd=cmd, timeout=timeout, stdin=stdin, max_output=max_output_bytes
+        )
+        return ExecResult(**reply)
 
     async def run_python(
         self, code: str, *, timeout: float = 30.0, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
@@ -159,8 +161,10 @@ class Sandbox(abc.ABC):
         On a timeout the interpreter is killed and the next call starts a fresh one.
         """
         _check_limits(timeout, max_output_bytes)
-        request = {"code": code, "timeout": timeout, "max_output": max_output_bytes}
-        return ExecResult(**await self._call("python", timeout, **request))
+        reply = await self._call(
+            "python", timeout, code=code, timeout=timeout, max_output=max_output_bytes
+        )
+        return ExecResult(**reply)
 
     async def write_file(self, path: str, data: str | bytes) -> None:
         """Write ``data`` (text is UTF-8 encoded) to ``path``, creating parent directories."""

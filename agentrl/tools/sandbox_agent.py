@@ -40,7 +40,7 @@ WORKDIR = os.getcwd()
 _PR_SET_DUMPABLE = 4
 _write_lock = threading.Lock()
 _python_lock = threading.Lock()
-_children = set()  # pids of live process-group leaders
+_children: set[int] = set()  # pids of live process-group leaders
 _children_lock = threading.Lock()
 
 # The persistent interpreter. Requests arrive on fd argv[1], replies leave on fd argv[2]; its own

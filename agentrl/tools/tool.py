@@ -125,8 +125,11 @@ class Tool:
             raise ToolArgumentError(
                 f"invalid arguments for tool {self.name!r}: {problems}. {self._signature()}"
             ) from None
-        fields = type(validated).model_fields
-        return {fields[key].alias: getattr(validated, key) for key in validated.model_fields_set}
+        # Every field has its parameter's name as alias (see `from_function`).
+        names = {
+            key: field.alias for key, field in type(validated).model_fields.items() if field.alias
+        }
+        return {names[key]: getattr(validated, key) for key in validated.model_fields_set}
 
     async def acall(self, arguments: Mapping[str, Any]) -> str:
         """Validate ``arguments``, run the function and return its result as a string.

@@ -35,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 HARNESS_FAILED = 3
 """Exit status when the harness could not set itself up (an infrastructure failure)."""
@@ -48,7 +50,7 @@ _MAX_REPR = 300  # characters of an argument or result repr in a report
 _MAX_PRINTED = 1000  # characters of the solution's output in a report
 _MAX_REPORT = 8000  # characters of a whole report, well under the sandbox's output cap
 
-_TAGS = {
+_TAGS: dict[str, Callable[[Any], Any]] = {
     "tuple": lambda items: tuple(decode(item) for item in items),
     "set": lambda items: {decode(item) for item in items},
     "frozenset": lambda items: frozenset(decode(item) for item in items),

@@ -48,6 +48,7 @@ class Candidate:
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 # Fields never visited: decorators, signatures (defaults, annotations), class bases and keywords.
 _ONLY_BODY = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 _SKIPPED = {ast.Lambda: "args", ast.AnnAssign: "annotation", ast.arg: "annotation"}
 
 
@@ -71,14 +72,14 @@ def find_candidates(text: str, kinds: list[str] | None = None) -> list[Candidate
     candidates: list[Candidate] = []
 
     def visit(
-        node: ast.AST, parent: ast.AST, body: list[ast.stmt] | None, scope: list[ast.AST]
+        node: ast.AST, parent: ast.AST, body: list[ast.stmt] | None, scope: list[_Scope]
     ) -> None:
         if isinstance(node, ast.JoinedStr):
             return
         functions = [s for s in scope if isinstance(s, _FUNCTIONS)]
         key = node_key(node)
         if functions and key is not None:
-            name = ".".join(s.name for s in scope)  # type: ignore[attr-defined]
+            name = ".".join(s.name for s in scope)
             site = Site(source, node, parent, body, name)
             for kind, mutator in mutators:
                 for description, edits, rewrite in mutator(site):
@@ -92,7 +93,7 @@ def find_candidates(text: str, kinds: list[str] | None = None) -> list[Candidate
                             edits=edits,
                             target=key,
                             rewrite=rewrite,
-                            scope=functions[-1],  # type: ignore[arg-type]
+                            scope=functions[-1],
                         )
                     )
         inner = [*scope, node] if isinstance(node, _ONLY_BODY) else scope

@@ -239,7 +239,8 @@ def drop_negation(site: Site) -> Iterator[Change]:
 
 
 def _operand(node: ast.AST) -> ast.AST:
-    return node.operand  # type: ignore[attr-defined, no-any-return]
+    assert isinstance(node, ast.UnaryOp)
+    return node.operand
 
 
 def swap_call_arguments(site: Site) -> Iterator[Change]:
@@ -258,7 +259,8 @@ def swap_call_arguments(site: Site) -> Iterator[Change]:
 
 
 def _swap_first_arguments(node: ast.AST) -> ast.AST:
-    args = node.args  # type: ignore[attr-defined]
+    assert isinstance(node, ast.Call)
+    args = node.args
     args[0], args[1] = args[1], args[0]
     return node
 
