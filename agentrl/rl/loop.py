@@ -62,6 +62,7 @@ from transformers import PreTrainedModel
 from agentrl.config import ConfigError
 from agentrl.engine_pool import SamplingParams
 from agentrl.engine_pool.engine import Engine
+from agentrl.envs import make_env
 from agentrl.models import engine_dtype, load_model, load_tokenizer
 from agentrl.rl.batch import TrainingBatch, build_batch, group_has_signal
 from agentrl.rl.config import TrainConfig
@@ -188,7 +189,7 @@ class Trainer:
             specs = cfg.env.specs()
             runners = [
                 EpisodeRunner(
-                    functools.partial(gymnasium.make, spec.id, **spec.kwargs),
+                    functools.partial(make_env, spec.id, **spec.kwargs),
                     self.engine,
                     self.tokenizer,
                     SamplingParams(
@@ -417,7 +418,8 @@ class Trainer:
         if self.dist.world_size > 1:
             payload = [batch if batch is not None else STOP]
             await asyncio.to_thread(dist.broadcast_object_list, payload, 0)
-            batch = None if payload[0] == STOP else payload[0]
+            received = payload[0]
+            batch = received if isinstance(received, TrainingBatch) else None
         return batch
 
     def _train(self, batch: TrainingBatch) -> dict[str, float]:

@@ -420,7 +420,7 @@ class Objective:
             fraction = out["mismatch/on_policy_fraction"]
             total = out["mismatch/on_policy_mean_abs"]
             out["mismatch/on_policy_mean_abs"] = total / fraction if fraction else math.nan
-        names = EXTREME_KEYS  # the same on every rank, whatever each rank saw
+        names: tuple[str, ...] = EXTREME_KEYS  # the same on every rank, whatever each rank saw
         if self.policy_version is not None:  # set on every rank alike
             names = (*EXTREME_KEYS, ON_POLICY_MAX)
         values = torch.tensor(

@@ -52,13 +52,14 @@ import shutil
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -218,7 +219,7 @@ class CheckpointManager:
                 f"{path} holds no critic (it was saved by a run without "
                 "algorithm.advantage=gae); start this run elsewhere or with trainer.resume=never"
             )
-        states = {}
+        states: dict[str, Any] = {}
         for prefix, owner in models.items():
             model_state = get_model_state_dict(owner.model)  # this rank's shards, not copies
             check_fits(path, model_state, prefix=f"{prefix}model")
@@ -261,7 +262,11 @@ def check_fits(path: Path, model_state: Mapping[str, Any], *, prefix: str = "mod
     (under ``prefix``: ``model``, or ``critic_model`` for a critic)."""
     stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
     head = f"{prefix}."
-    saved = {k.removeprefix(head): v.size for k, v in stored.items() if k.startswith(head)}
+    saved = {
+        k.removeprefix(head): v.size
+        for k, v in stored.items()
+        if k.startswith(head) and isinstance(v, TensorStorageMetadata)
+    }
     wanted = {name: tensor.shape for name, tensor in model_state.items()}  # DTensor: full shape
     missing = sorted(wanted.keys() - saved.keys())
     unexpected = sorted(saved.keys() - wanted.keys())
@@ -286,7 +291,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
     version, python_state, gauss_next = random.getstate()
     state: dict[str, Any] = {
         "python": [version, list(python_state), gauss_next],
-        "numpy": [numpy_keys.tolist(), numpy_pos, has_gauss, cached],
+        "numpy": [np.asarray(numpy_keys).tolist(), numpy_pos, has_gauss, cached],
         "torch": torch.get_rng_state().tolist(),
     }
     if device.type == "cuda":
@@ -333,7 +338,8 @@ def export_hf(
     use_device(next(model.parameters()).device)
     if dist.is_initialized():
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full = get_model_state_dict(model, options=options)  # rank 0 only; {} on the others
+        # rank 0 only; {} on the others
+        full = cast("dict[str, torch.Tensor]", get_model_state_dict(model, options=options))
     else:
         full = model.state_dict()
 

@@ -60,9 +60,10 @@ def build_adamw(
 
     Norm scales and biases (``ndim < 2``) are not decayed, as in GPT-style training. The fused
     implementation is used: it takes FSDP2's DTensor parameters on CPU and GPU, and on the CPU it
-    steps SmolLM2's 135M parameters in 0.08 s where the foreach one takes 0.45 s.
+    steps several times faster than the foreach one (docs/performance.md).
     """
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for param in (p for p in model.parameters() if p.requires_grad):
         (decay if param.ndim >= 2 else no_decay).append(param)
     groups = [

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 from torch.nn.utils.rnn import pad_sequence
-from transformers import PreTrainedModel
 
 from agentrl.engine_pool.sampling import temperature_logprobs
 from agentrl.tokenization.trajectory import TokenTrajectory
@@ -171,9 +171,7 @@ def build_micro_batches(sequences: Sequence[SequenceLike], plan: Plan) -> list[P
     ]
 
 
-def packed_logprobs(
-    model: PreTrainedModel, batch: PackedMicroBatch, temperature: float
-) -> torch.Tensor:
+def packed_logprobs(model: nn.Module, batch: PackedMicroBatch, temperature: float) -> torch.Tensor:
     """Log-probs ``(1, T)`` float32 from one packed forward; entry ``t`` scores token ``t``.
 
     Each entry is :func:`~agentrl.engine_pool.sampling.temperature_logprobs` of the token given
@@ -185,7 +183,7 @@ def packed_logprobs(
 
 
 def packed_forward(
-    model: PreTrainedModel,
+    model: nn.Module,
     batch: PackedMicroBatch,
     temperature: float,
     *,
