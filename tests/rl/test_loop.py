@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from float_tolerance import logprob_ceiling, logprob_error_with, tolerance
+from torchrun_jobs import run_torchrun
 from transformers import AutoModelForCausalLM
 
 from agentrl.config import ConfigError
@@ -380,23 +381,9 @@ async def test_two_processes_train_the_same_batch_to_the_same_loss(tiny_policy_d
         out = tmp_path / f"n{nproc}"
         config = write_config(tiny_policy_dir, out, tmp_path / f"{nproc}.yaml", "trainer.steps=2")
         env = subprocess_env()
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc_per_node={nproc}",
-                "-m",
-                "agentrl.cli",
-                "train",
-                str(config),
-            ],
-            timeout=400,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += [f"--nproc_per_node={nproc}", "-m", "agentrl.cli", "train", str(config)]
+        result = run_torchrun(command, timeout=400, env=env, output_dir=out)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         losses[nproc] = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in losses[2]] == [1, 2]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_loop import mismatch_bound, subprocess_env, tiny_config
+from torchrun_jobs import run_torchrun
 
 from agentrl.rl.loop import Trainer
 from agentrl.training.full_state import engine_parameter_name
@@ -257,9 +258,7 @@ def test_two_ranks_train_over_the_pool_under_torchrun(tiny_policy_dir, tmp_path)
     config.write_text(pool_config(tiny_policy_dir, out, "broadcast").to_yaml())
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc_per_node=2", "-m", "agentrl.cli", "train", str(config)]
-    result = subprocess.run(
-        command, timeout=500, env=subprocess_env(), capture_output=True, text=True
-    )
+    result = run_torchrun(command, timeout=500, env=subprocess_env(), output_dir=out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = read_metrics(out / "metrics.jsonl")
     assert [row["step"] for row in rows] == [1, 2]

@@ -7,7 +7,6 @@ mechanics are those of any model, and a run takes seconds. Resuming is asserted 
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 import torch
 from float_tolerance import tolerance
 from safetensors.torch import load_file
+from torchrun_jobs import run_torchrun
 
 from agentrl.config import ConfigError
 from agentrl.models import load_model, load_tokenizer
@@ -234,7 +234,7 @@ def test_two_ranks_give_the_one_rank_loss(tiny_policy_dir, conversations, tmp_pa
     command += ["-m", "agentrl.cli", "sft", str(config), f"trainer.output_dir={out}"]
     command += ["trainer.steps=1", "trainer.export_hf=false"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    done = run_torchrun(command, timeout=300, env=env, output_dir=out)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (two,) = read_metrics(out / "metrics.jsonl")
     assert two["train/loss_tokens"] == one["train/loss_tokens"]
