@@ -18,7 +18,7 @@ import argparse
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar, overload
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -104,13 +104,11 @@ def move_keys(values: dict[str, Any], moved: dict[str, str], where: str) -> dict
     with a ``FutureWarning`` naming the new key; both set is a :class:`ConfigError`."""
     for old, new in moved.items():
         *old_parents, old_leaf = old.split(".")
-        section = _mapping_at(values, old_parents)
+        section = _section_values(values, old_parents, where)
         if section is None or old_leaf not in section:
             continue
         *new_parents, new_leaf = new.split(".")
-        target = _mapping_at(values, new_parents, create=True)
-        if target is None:
-            raise ConfigError(f"{where}: {'.'.join(new_parents)} is not a section")
+        target = _section_values(values, new_parents, where, create=True)
         if new_leaf in target:
             raise ConfigError(f"{where}: {old} and {new} both set; {old} is the old name of {new}")
         target[new_leaf] = section.pop(old_leaf)
@@ -122,16 +120,28 @@ def move_keys(values: dict[str, Any], moved: dict[str, str], where: str) -> dict
     return values
 
 
-def _mapping_at(
-    values: dict[str, Any], path: list[str], create: bool = False
+@overload
+def _section_values(
+    values: dict[str, Any], path: list[str], where: str, *, create: Literal[True]
+) -> dict[str, Any]: ...
+@overload
+def _section_values(
+    values: dict[str, Any], path: list[str], where: str, *, create: bool = False
+) -> dict[str, Any] | None: ...
+def _section_values(
+    values: dict[str, Any], path: list[str], where: str, *, create: bool = False
 ) -> dict[str, Any] | None:
+    """The mapping of the section at dotted ``path`` in ``values``: None where a part is missing
+    or no mapping; with ``create``, missing sections are added and a part that is no mapping is a
+    :class:`ConfigError` (``where``: what the values are, in its message)."""
     node = values
     for part in path:
-        if part not in node and create:
-            node[part] = {}
-        node = node.get(part)  # type: ignore[assignment]
-        if not isinstance(node, dict):
+        child = node.setdefault(part, {}) if create else node.get(part)
+        if not isinstance(child, dict):
+            if create:
+                raise ConfigError(f"{where}: {part} is not a section")
             return None
+        node = child
     return node
 
 
@@ -161,13 +171,7 @@ def apply_override(values: dict[str, Any], item: str) -> None:
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
     *parents, leaf = key.split(".")
-    node = values
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {item!r}: {part} is not a section")
-        node = child
-    node[leaf] = value
+    _section_values(values, parents, f"override {item!r}", create=True)[leaf] = value
 
 
 def describe_nested_errors(cls: type[Config], where: str, exc: ValidationError) -> str:

@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import socket
 import warnings
 from collections.abc import Awaitable, Callable
@@ -369,10 +370,32 @@ def _master_address(urls: list[str]) -> str:
         return str(probe.getsockname()[0])
 
 
+LocalServer = Callable[[EnginesConfig, str, str, int, int], tuple[list[str], dict[str, Any]]]
+"""``(config, model_path, engine_dtype, port, gpu) -> (argv, SGLangEngine.launch options)``: how
+one server of a kind :func:`_launch_local` starts is launched (``engines.command`` aside)."""
+
+
+def _agentrl_serve(
+    config: EnginesConfig, model_path: str, dtype: str, port: int, gpu: int
+) -> tuple[list[str], dict[str, Any]]:
+    command = serve_command(model_path, port, max_batch_size=config.batch_size)
+    command += ["--dtype", dtype, *config.server_args]
+    if config.fp8_weights:
+        command.append("--fp8-weights")
+    return command, {}
+
+
+def _sglang_server(
+    config: EnginesConfig, model_path: str, dtype: str, port: int, gpu: int
+) -> tuple[list[str], dict[str, Any]]:
+    command = sglang_command(model_path, port, extra=config.server_args)
+    return command, {"ignore_seeds": True, "env": {"CUDA_VISIBLE_DEVICES": str(gpu)}}
+
+
 async def _launch_local(
-    config: EnginesConfig, model_path: str, dtype: str, output_dir: Path
+    config: EnginesConfig, model_path: str, dtype: str, output_dir: Path, *, server: LocalServer
 ) -> Servers:
-    """``config.count`` servers started here (``serve``, ``sglang``), logs under output_dir."""
+    """``config.count`` servers started here as ``server`` says, logs under output_dir."""
     logs = output_dir / "engines"
     logs.mkdir(parents=True, exist_ok=True)
     servers: list[SGLangEngine] = []
@@ -380,20 +403,11 @@ async def _launch_local(
         for i in range(config.count):
             port = free_port()
             gpu = config.gpu_ids[i] if i < len(config.gpu_ids) else i
+            command, options = server(config, model_path, dtype, port, gpu)
             if config.command:
                 fields = {"model": model_path, "port": port, "host": "127.0.0.1", "gpu": gpu}
                 command = [part.format(**fields) for part in config.command]
                 command += config.server_args
-            elif config.kind == "serve":
-                command = serve_command(model_path, port, max_batch_size=config.batch_size)
-                command += ["--dtype", dtype, *config.server_args]
-                if config.fp8_weights:
-                    command.append("--fp8-weights")
-            else:
-                command = sglang_command(model_path, port, extra=config.server_args)
-            options: dict[str, Any] = {}
-            if config.kind == "sglang":
-                options = {"ignore_seeds": True, "env": {"CUDA_VISIBLE_DEVICES": str(gpu)}}
             servers.append(
                 await SGLangEngine.launch(
                     command,
@@ -404,8 +418,8 @@ async def _launch_local(
                 )
             )
     except BaseException:
-        for server in servers:
-            await server.aclose()
+        for started in servers:
+            await started.aclose()
         raise
     return servers, [], False
 
@@ -416,8 +430,8 @@ ServerLauncher = Callable[[EnginesConfig, str, str, Path], Awaitable[Servers]]
 """``(config, model_path, engine_dtype, output_dir) -> Servers``: one ``engines.kind``."""
 
 SERVER_KINDS: dict[str, ServerLauncher] = {
-    "serve": _launch_local,
-    "sglang": _launch_local,
+    "serve": functools.partial(_launch_local, server=_agentrl_serve),
+    "sglang": functools.partial(_launch_local, server=_sglang_server),
     "attach": _attach,
     "ray": _launch_ray,
 }
