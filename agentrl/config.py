@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar, overload
 
@@ -71,6 +71,15 @@ def describe_errors(cls: type[Config], where: str, exc: ValidationError) -> str:
             lines.append(f"  - {key}: {error['msg']} (got {error.get('input')!r})")
     lines.append(f"  valid keys: {', '.join(cls.model_fields)}")
     return "\n".join(lines)
+
+
+def registered(value: str, names: Iterable[str], what: str) -> str:
+    """``value`` if it is one of ``names`` (a registry's keys), else ``ValueError`` listing them:
+    the check of a config field whose allowed values come from a registry."""
+    names = list(names)
+    if value not in names:
+        raise ValueError(f"unknown {what} {value!r}; registered: {names}")
+    return value
 
 
 class RunConfig(Config):

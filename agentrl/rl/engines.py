@@ -62,7 +62,7 @@ from urllib.parse import urlsplit
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from agentrl.config import Config
+from agentrl.config import Config, registered
 from agentrl.engine_pool import EnginePool, LocalEngine, SGLangEngine
 from agentrl.engine_pool.engine import Engine
 from agentrl.engine_pool.sglang_engine import free_port, serve_command, sglang_command
@@ -152,10 +152,7 @@ class EnginesConfig(Config):
     @field_validator("kind")
     @classmethod
     def _registered_kind(cls, value: str) -> str:
-        names = [EMBEDDED, *SERVER_KINDS]
-        if value not in names:
-            raise ValueError(f"unknown engine kind {value!r}; registered: {names}")
-        return value
+        return registered(value, [EMBEDDED, *SERVER_KINDS], "engine kind")
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

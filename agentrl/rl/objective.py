@@ -60,7 +60,7 @@ from agentrl.algorithms.off_policy import (
     mismatch_metrics,
     rejection_mask,
 )
-from agentrl.config import Config
+from agentrl.config import Config, registered
 from agentrl.engine_pool.sampling import logprob_temperature
 from agentrl.training.packing import PackedMicroBatch, packed_forward
 
@@ -177,17 +177,12 @@ class AlgorithmConfig(Config):
     @field_validator("advantage")
     @classmethod
     def _registered_advantage(cls, value: str) -> str:
-        names = [*OUTCOME_ADVANTAGES, CRITIC_ADVANTAGE]
-        if value not in names:
-            raise ValueError(f"unknown advantage estimator {value!r}; registered: {names}")
-        return value
+        return registered(value, [*OUTCOME_ADVANTAGES, CRITIC_ADVANTAGE], "advantage estimator")
 
     @field_validator("loss")
     @classmethod
     def _registered_loss(cls, value: str) -> str:
-        if value not in POLICY_LOSSES:
-            raise ValueError(f"unknown policy loss {value!r}; registered: {list(POLICY_LOSSES)}")
-        return value
+        return registered(value, POLICY_LOSSES, "policy loss")
 
     @field_validator("importance_level", mode="before")
     @classmethod
