@@ -1,5 +1,8 @@
 """Agent tools that act inside a sandbox: ``python``, ``bash`` and file ``view``/``create_file``/``str_replace``.
 
+``bash`` output over the cap keeps its head and its tail (a test summary comes last) with
+:data:`CLIP_MARKER` between them; a command killed by its timeout shows the head it had printed.
+
 ``sandbox_tools(get_sandbox)`` builds them around ``get_sandbox``, an ``async () -> Sandbox``
 callable that returns the episode's sandbox (started on first use, so an episode that never calls
 a tool never starts one). All five share that sandbox: a file written by ``create_file`` is what
@@ -19,6 +22,49 @@ from agentrl.tools.tool import Tool
 SandboxGetter = Callable[[], Awaitable[Sandbox]]
 
 _SNIPPET_LINES = 4  # context lines shown around an edit
+CLIP_MARKER = "\n[... Observation truncated due to length ...]\n"
+"""Stands where ``bash`` output lost its middle (OpenHands' marker for command output)."""
+# Runs the command (argv[3:]) and passes each of its streams through: the first half of the
+# limit as it comes, the last half at the end, CLIP_MARKER between them when bytes were dropped.
+# Once the command exits, pipes that its background children hold get 1 s more (as the agent
+# gives). The exit status is the command's (a signal is raised again).
+_CLIP_PY = """import os, selectors, signal, subprocess, sys, time
+half, marker = int(sys.argv[1]) // 2, sys.argv[2].encode()
+child = subprocess.Popen(sys.argv[3:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+streams = {child.stdout: [sys.stdout.buffer, 0, bytearray(), False],
+           child.stderr: [sys.stderr.buffer, 0, bytearray(), False]}
+selector = selectors.DefaultSelector()
+for pipe in streams:
+    selector.register(pipe, selectors.EVENT_READ)
+deadline = None
+while selector.get_map():
+    if deadline is None and child.poll() is not None:
+        deadline = time.monotonic() + 1.0
+    wait = 0.1 if deadline is None else deadline - time.monotonic()
+    if wait <= 0:
+        break
+    for key, _ in selector.select(wait):
+        chunk, state = os.read(key.fd, 1 << 16), streams[key.fileobj]
+        if not chunk:
+            selector.unregister(key.fileobj)
+            continue
+        head = chunk[: max(half - state[1], 0)]
+        state[0].write(head)
+        state[0].flush()
+        state[1] += len(head)
+        state[2] += chunk[len(head):]
+        if len(state[2]) > half:
+            del state[2][: len(state[2]) - half]
+            state[3] = True
+for out, _, tail, cut in streams.values():
+    out.write((marker if cut else b"") + bytes(tail))
+    out.flush()
+code = child.wait()
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
 _MAX_TEXT_BYTES = 4 << 20  # larger files are refused by view and str_replace, never half-edited
 
 
@@ -43,6 +89,10 @@ def sandbox_tools(
         return path if workdir is None or path.startswith("/") else f"{workdir}/{path}"
 
     limits = f"Time limit: {timeout:g} s; output is cut after {max_output_bytes} bytes per stream."
+    bash_limits = (
+        f"Time limit: {timeout:g} s; output longer than {max_output_bytes} bytes per stream keeps "
+        "its first and last halves."
+    )
 
     async def python(code: str) -> str:
         """Run Python code in a persistent interpreter and return what it printed.
@@ -62,8 +112,11 @@ def sandbox_tools(
             command: The command line, e.g. `ls -la` or `python3 solution.py`.
         """
         sandbox = await get_sandbox()
+        clipped = ["python3", "-I", "-c", _CLIP_PY, str(max_output_bytes), CLIP_MARKER]
         result = await sandbox.exec(
-            ["bash", "-c", enter + command], timeout=timeout, max_output_bytes=max_output_bytes
+            [*clipped, "bash", "-c", enter + command],
+            timeout=timeout,
+            max_output_bytes=max_output_bytes + len(CLIP_MARKER) + 8,
         )
         return result_text(result, timeout=timeout, max_output_bytes=max_output_bytes)
 
@@ -117,7 +170,7 @@ def sandbox_tools(
 
     descriptions = {
         "python": f"Run Python in a persistent interpreter inside the sandbox. {limits}",
-        "bash": f"Run a bash command inside the sandbox (no network). {limits}",
+        "bash": f"Run a bash command inside the sandbox (no network). {bash_limits}",
     }
     tools = {
         fn.__name__: Tool.from_function(fn, description=descriptions.get(fn.__name__))

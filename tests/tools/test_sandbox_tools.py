@@ -3,7 +3,7 @@
 import pytest
 
 from agentrl.tools import EpisodeSandbox, SandboxLimits, ToolCall, ToolSet, sandbox_factory
-from agentrl.tools.sandbox_tools import sandbox_tools
+from agentrl.tools.sandbox_tools import CLIP_MARKER, sandbox_tools
 
 
 @pytest.fixture
@@ -56,16 +56,26 @@ async def test_tool_errors_are_messages_not_exceptions(episode):
         "[timed out after 1 s]\n[the Python interpreter was restarted: earlier variables are gone]"
     )
     assert await call(tools, "bash", command="yes | head -c 1000") == (
-        "y\n" * 10 + "[output truncated to 20 bytes]"
+        "y\n" * 5 + CLIP_MARKER + "y\n" * 5
     )
     bad = await call(tools, "bash", cmd="ls")
     assert bad.startswith("Error: invalid arguments for tool 'bash'")
 
 
+async def test_long_bash_output_keeps_its_head_and_its_tail(episode):
+    tools = ToolSet(sandbox_tools(episode.get, max_output_bytes=1000))
+    text = await call(tools, "bash", command="seq 1 100000; seq 1 3 >&2; exit 4")
+    assert text.startswith("1\n2\n3\n") and CLIP_MARKER in text
+    assert text.endswith("99999\n100000\n1\n2\n3\n[exit code 4]")
+    assert len(text) < 1000 + len(CLIP_MARKER) + 20
+    assert await call(tools, "bash", command="seq 1 5") == "1\n2\n3\n4\n5\n"
+
+
 async def test_a_crashed_sandbox_is_replaced_on_the_next_call(episode):
     tools = ToolSet(sandbox_tools(episode.get))
     await call(tools, "python", code="x = 1")
-    crashed = await call(tools, "bash", command="kill -9 $PPID")
+    # bash's parent clips its output; the agent is the parent's parent
+    crashed = await call(tools, "bash", command="kill -9 $(cut -d' ' -f4 /proc/$PPID/stat)")
     assert crashed.startswith("Error: tool 'bash' raised SandboxCrashed")
     assert await call(tools, "python", code="'x' in dir()") == "False\n"
 
