@@ -12,6 +12,10 @@ or the tag format (:class:`~agentrl.tools.arg_tags.ArgTagParser`):
 - ``str_replace(path, old, new)``: replace one exact occurrence;
 - ``submit()``: end the episode and have the work graded.
 
+``tool_set="str_replace_editor"`` replaces ``view``/``create``/``str_replace`` with SWE-agent's and
+OpenHands' one editor tool, ``str_replace_editor(command, path, ...)`` (:mod:`agentrl.tools.editor`:
+openhands-aci's behaviour and OpenHands' schema), beside ``bash`` and ``submit``.
+
 A turn without a tool call gets a reminder. On ``submit``, or on the last turn that the standard
 ``max_turns`` argument allows (default 30 for this environment; :attr:`AgentEnv.final_turn`), the
 environment takes ``git diff`` of the repository against ``base_commit`` and grades
@@ -43,6 +47,7 @@ from agentrl.envs.swe.projects import SHIPPED_PROJECTS, Project, load_projects, 
 from agentrl.envs.swe.workspace import REPO_DIR, BaseTrees, WorkspaceError, checkout
 from agentrl.tools import HermesParser, SandboxLimits, ToolCall, ToolSet, sandbox_factory
 from agentrl.tools.arg_tags import ArgTagParser
+from agentrl.tools.editor import SandboxEditor
 from agentrl.tools.sandbox import Sandbox, SandboxError, SandboxLost
 from agentrl.tools.sandbox_tools import sandbox_tools
 from agentrl.tools.tool import Tool
@@ -80,6 +85,10 @@ class SWEConfig(Config):
     """The directory of the instances' project files and source distributions."""
     tool_format: Literal["hermes", "tags"] = "hermes"
     """How the model calls tools."""
+    tool_set: Literal["agentrl", "str_replace_editor"] = "agentrl"
+    """The file tools: agentrl's view/create/str_replace, or SWE-agent's and OpenHands' one
+    str_replace_editor tool (openhands-aci's behaviour, OpenHands' schema), each with bash and
+    submit."""
     system_prompt: str | None = None
     """Replaces the built-in system prompt."""
     sandbox: Literal["container", "bwrap"] = "container"
@@ -107,16 +116,22 @@ class SWEEnv(AgentEnv):
         self.instance: SWEInstance | None = None
         self.sandbox: Sandbox | None = None
         self._runner_checked = False
+        editor = config.tool_set == "str_replace_editor"
         tools = sandbox_tools(
             self._episode_sandbox,
             timeout=config.tool_timeout,
             max_output_bytes=config.tool_max_output_bytes,
-            names=("bash", "view", "create_file", "str_replace"),
+            names=("bash",) if editor else ("bash", "view", "create_file", "str_replace"),
             workdir=REPO_DIR,
         )
         tools = [
             dataclasses.replace(t, name="create") if t.name == "create_file" else t for t in tools
         ]
+        if editor:
+            sandbox_editor = SandboxEditor(
+                self._episode_sandbox, workspace_root=REPO_DIR, timeout=config.tool_timeout
+            )
+            tools.append(sandbox_editor.tool())
         tools.append(Tool.from_function(submit))
         self.tools = ToolSet(tools)
         self.parser = HermesParser() if config.tool_format == "hermes" else ArgTagParser(tools)
@@ -261,8 +276,7 @@ class SWEEnv(AgentEnv):
     def _call_examples(self) -> str:
         examples = [
             ToolCall("bash", {"command": "grep -rn 'def ' --include=*.py | head"}),
-            ToolCall("view", {"path": "README.md", "start_line": 1, "end_line": 20}),
-            ToolCall("str_replace", {"path": "pkg/mod.py", "old": "a < b", "new": "a <= b"}),
+            *_FILE_EXAMPLES[self.config.tool_set],
             ToolCall("submit", {}),
         ]
         return "For example:\n" + "\n".join(self.parser.format(call) for call in examples)
@@ -271,10 +285,36 @@ class SWEEnv(AgentEnv):
         return (
             "You are a software engineer fixing a bug in a Python repository inside a sandbox "
             "without network access. Explore the code, reproduce the problem, edit the source "
-            "and run the tests with bash. Tools: bash, view, create, str_replace and submit. "
-            f"{self._call_examples()}\nThe work is graded by hidden tests when you submit or "
+            f"and run the tests with bash. Tools: {', '.join(self.tools.names[:-1])} and submit. "
+            f"{_FILE_NOTES[self.config.tool_set]}{self._call_examples()}\nThe work is graded by hidden tests when you submit or "
             "your turns run out."
         )
+
+
+_FILE_NOTES = {
+    "agentrl": "",
+    "str_replace_editor": "str_replace_editor's commands are view (a file, or a directory two "
+    "levels deep), create (new files only), str_replace, insert and undo_edit; its paths are "
+    f"absolute (the repository is {REPO_DIR}). ",
+}
+_FILE_EXAMPLES = {
+    "agentrl": [
+        ToolCall("view", {"path": "README.md", "start_line": 1, "end_line": 20}),
+        ToolCall("str_replace", {"path": "pkg/mod.py", "old": "a < b", "new": "a <= b"}),
+    ],
+    "str_replace_editor": [
+        ToolCall("str_replace_editor", {"command": "view", "path": REPO_DIR}),
+        ToolCall(
+            "str_replace_editor",
+            {
+                "command": "str_replace",
+                "path": f"{REPO_DIR}/pkg/mod.py",
+                "old_str": "a < b",
+                "new_str": "a <= b",
+            },
+        ),
+    ],
+}
 
 
 def submit() -> str:
