@@ -43,6 +43,7 @@ import stat
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -349,6 +350,7 @@ def _remove(container: Any) -> bool:
             attempts += 1
             if attempts == 5:
                 raise
+            time.sleep(0.1 * attempts)
         except requests.exceptions.ConnectionError as exc:
             log.warning(
                 "container %s was not removed, its engine is unreachable: %s", container.id, exc

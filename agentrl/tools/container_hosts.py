@@ -16,7 +16,8 @@ sandboxes living on each. :meth:`ContainerHosts.start` places a new :class:`Cont
 
 * **Leftovers.** A sandbox closed while its host's engine does not answer leaves its container
   there; the host removes it at the first start (or :meth:`ContainerHosts.close`) at which the
-  engine answers again.
+  engine answers again. A removal request may take ``remove_timeout_s`` (a force removal on a
+  loaded engine takes seconds); ``close`` tries an answering host again until that has passed.
 
 Live counts come from the sandboxes themselves (a sandbox that crashed or was closed no longer
 counts), so nothing has to report back. What is NOT covered: a sandbox whose host dies mid-episode
@@ -160,6 +161,7 @@ class _Host:
         self.error: str | None = None
         self.next_check = 0.0  # monotonic time before which a down host is not pinged
         self.leftovers: set[str] = set()  # containers of closed sandboxes the engine did not remove
+        self.removing = threading.Lock()  # held by the one thread removing the host's leftovers
 
     @property
     def load(self) -> int:
@@ -193,6 +195,7 @@ class ContainerHosts:
         *,
         retry_after_s: float = 10.0,
         ping_timeout_s: float = 3.0,
+        remove_timeout_s: float = 30.0,
     ) -> None:
         configs = [h if isinstance(h, HostConfig) else HostConfig(h) for h in hosts]
         if not configs:
@@ -203,6 +206,7 @@ class ContainerHosts:
         self._hosts = [_Host(c) for c in configs]
         self._retry_after_s = retry_after_s
         self._ping_timeout_s = ping_timeout_s
+        self._remove_timeout_s = remove_timeout_s
         self._lock = threading.Lock()
 
     @classmethod
@@ -254,13 +258,11 @@ class ContainerHosts:
         await asyncio.gather(*(asyncio.to_thread(self._ping, host) for host in due))
         with self._lock:
             tidy = [
-                (h, self._claim_leftovers(h))
+                h
                 for h in self._hosts
                 if h.leftovers and h.error is None and (h in due or h.next_check <= now)
             ]
-        await asyncio.gather(
-            *(asyncio.to_thread(self._remove_leftovers, h, ids) for h, ids in tidy)
-        )
+        await asyncio.gather(*(asyncio.to_thread(self._remove_leftovers, h) for h in tidy))
 
     async def start(
         self, limits: SandboxLimits | None = None, *, image: str = DEFAULT_IMAGE
@@ -295,18 +297,29 @@ class ContainerHosts:
 
     def close(self) -> None:
         """Remove the containers a host could not remove while down, where it answers now, and
-        close every host's client (sandboxes still open keep working until closed)."""
+        close every host's client (sandboxes still open keep working until closed).
+
+        A host that answers but fails a removal (a loaded engine times out, or answers 500 for a
+        container whose start its restart cut short) is tried again for up to
+        ``remove_timeout_s``; a host that does not answer is left at once, with a warning.
+        """
         for host in self._hosts:
-            with self._lock:
-                ids = self._claim_leftovers(host)
-            if ids:
-                self._remove_leftovers(host, ids)
+            deadline = time.monotonic() + self._remove_timeout_s
+            reason = self._remove_leftovers(host)  # waits for a removal in flight there
+            while host.leftovers and time.monotonic() < deadline:
+                self._ping(host)
+                if host.error is not None:
+                    reason = f"it does not answer ({host.error})"
+                    break
+                time.sleep(1.0)
+                reason = self._remove_leftovers(host)
             if host.leftovers:
                 log.warning(
-                    "%d sandbox containers are left on container host %s, which does not answer: "
-                    "remove_orphans() there removes them once this process has exited",
+                    "%d sandbox containers are left on container host %s (%s): remove_orphans() "
+                    "there removes them once this process has exited",
                     len(host.leftovers),
                     host.config.name,
+                    reason,
                 )
             if host.client is not None:
                 host.client.close()
@@ -315,36 +328,43 @@ class ContainerHosts:
         with self._lock:
             host.leftovers.add(container_id)
 
-    def _claim_leftovers(self, host: _Host) -> set[str]:
-        """Take the host's leftovers (under the lock): one remover at a time."""
-        ids, host.leftovers = host.leftovers, set()
-        return ids
-
-    def _remove_leftovers(self, host: _Host, ids: set[str]) -> None:
-        """Remove containers ``ids`` from ``host``; those that cannot be go back to its leftovers."""
+    def _remove_leftovers(self, host: _Host) -> str | None:
+        """Remove the containers left on ``host``; those that cannot be go back to its leftovers
+        and why is returned (None: nothing is left). One remover at a time: a second caller waits
+        for the first, then finds what the first could not remove."""
         import docker
 
-        client = None
-        try:
-            client = host.config.client(timeout=self._ping_timeout_s)
-            for container_id in sorted(ids):
-                try:
-                    container = client.containers.get(container_id)
-                except docker.errors.NotFound:
+        with host.removing:
+            with self._lock:
+                ids, host.leftovers = host.leftovers, set()
+            if not ids:
+                return None
+            client, reason = None, None
+            try:
+                client = host.config.client(timeout=self._remove_timeout_s)
+                for container_id in sorted(ids):
+                    try:
+                        container = client.containers.get(container_id)
+                    except docker.errors.NotFound:
+                        ids.discard(container_id)
+                        continue
+                    if not _remove(container):
+                        reason = "its engine does not answer"
+                        break
                     ids.discard(container_id)
-                    continue
-                if not _remove(container):
-                    break
-                ids.discard(container_id)
-        except Exception as exc:
-            log.info("container host %s could not remove leftovers yet: %s", host.config.name, exc)
-        finally:
-            if client is not None:
-                client.close()
-            if ids:
-                with self._lock:
-                    host.leftovers |= ids
-                    host.next_check = time.monotonic() + self._retry_after_s
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+                log.info(
+                    "container host %s could not remove leftovers yet: %s", host.config.name, reason
+                )
+            finally:
+                if client is not None:
+                    client.close()
+                if ids:
+                    with self._lock:
+                        host.leftovers |= ids
+                        host.next_check = time.monotonic() + self._retry_after_s
+            return reason if ids else None
 
     def _ping(self, host: _Host) -> None:
         client = None

@@ -166,6 +166,44 @@ async def test_two_hosts_spread_fail_over_recover_and_all_down(two_services, cap
         hosts.close()
 
 
+def _exists(container_id: str) -> bool:
+    return subprocess.run(["podman", "container", "exists", container_id]).returncode == 0
+
+
+@pytest.mark.slow
+async def test_close_removes_what_a_dead_host_left_and_says_when_it_cannot(two_services, caplog):
+    a, _ = two_services
+    hosts = ContainerHosts([a.url], retry_after_s=0.0)
+    boxes = [await hosts.start(LIMITS) for _ in range(3)]
+    ids = [box.container_id for box in boxes]
+    a.kill()
+    for box in boxes:
+        await box.close()  # the engine is gone: the containers are left on the host
+    assert all(_exists(i) for i in ids)
+
+    # The host is back. A check starts removing them in a thread and its caller goes away
+    # (cancelled, as an episode is at the end of a run); close waits for that removal and
+    # removes what is left.
+    a.start()
+    a.wait_until_answering()
+    check = asyncio.ensure_future(hosts.check())
+    await asyncio.sleep(0.05)
+    check.cancel()
+    hosts.close()
+    assert not any(_exists(i) for i in ids)
+    assert "are left on container host" not in caplog.text
+
+    # A host that does not answer at close: its leftovers stay, and the warning says why.
+    hosts = ContainerHosts([a.url], retry_after_s=0.0)
+    box = await hosts.start(LIMITS)
+    a.kill()
+    await box.close()
+    hosts.close()
+    assert _exists(box.container_id)
+    assert f"1 sandbox containers are left on container host {a.url} (" in caplog.text
+    assert "does not answer" in caplog.text
+
+
 @pytest.fixture
 def own_store_service():
     """A Podman service with an image store of its own, empty at first."""
