@@ -1,13 +1,16 @@
 """The generation-engine contract: sampling parameters, results, and the `Engine` protocol.
 
-An engine turns token ids into token ids. It never sees text, so the context it generated from and
-the sequence the trainer later scores are the same ids by construction.
+An engine turns token ids into token ids. It never re-tokenizes text, so the context it generated
+from and the sequence the trainer later scores are the same ids by construction (stop strings are
+found by decoding the generated ids, never by cutting them).
 
 Contract shared by every engine (the embedded `LocalEngine`, an SGLang client, a pool of either):
 
 * ``generate(input_ids, sampling, session_id)`` returns a :class:`GenerateResult` holding exactly
-  the sampled token ids (a stop token included), one log-prob per token, why generation finished,
-  and the weight version of every token. Requests run concurrently; a request's tokens depend only
+  the sampled token ids (a stop token included; for a stop string, every token up to the one that
+  completed it), one log-prob per token, why generation finished, and the weight version of every
+  token. Stop strings are the one place an engine reads text: it decodes what it generated to
+  find them. Requests run concurrently; a request's tokens depend only
   on its own input ids, sampling parameters and seed, not on what else is being generated (up to
   floating-point rounding, which differs between batch shapes and can flip an exact near-tie).
 * ``logprobs[i]`` is ``log_softmax(logits / T)[token_ids[i]]`` over the full vocabulary, where
@@ -58,6 +61,11 @@ class SamplingParams:
     """Generate at most this many tokens (fewer if the model's context fills up first)."""
     stop_token_ids: tuple[int, ...] = ()
     """Extra ids that end generation; the stop token is included in the result."""
+    stop: tuple[str, ...] = ()
+    """Strings that end generation when the token just sampled completes one (SGLang's rule, in
+    :mod:`agentrl.engine_pool.stop_strings`); the ids are kept exactly as sampled, the completing
+    token included (SGLang's ``no_stop_trim``), so the text may go on past the match within that
+    token. A single string is taken as a one-string tuple."""
     ignore_eos: bool = False
     """Do not stop on the tokenizer's end-of-sequence ids (``stop_token_ids`` still apply)."""
     seed: int | None = None
@@ -76,6 +84,10 @@ class SamplingParams:
         if not all(_is_int(t) and t >= 0 for t in stop):
             raise ValueError(f"stop_token_ids must be ints >= 0, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", stop)
+        strings = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if not all(isinstance(s, str) and s for s in strings):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", strings)
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed must be None or an int in [0, 2**63), got {self.seed!r}")
 
@@ -97,7 +109,8 @@ class GenerateResult:
     logprobs: list[float]
     """``log_softmax(logits / T)`` of each sampled token over the full vocabulary (T=1 if greedy)."""
     finish_reason: FinishReason
-    """``"stop"`` (a stop or eos token), ``"length"`` (token or context limit) or ``"abort"``."""
+    """``"stop"`` (a stop or eos token, or a stop string), ``"length"`` (token or context limit)
+    or ``"abort"``."""
     weight_version: int
     """Version of the weights that produced the last token (the current version if none)."""
     token_weight_versions: list[int] = field(default_factory=list)
@@ -106,6 +119,8 @@ class GenerateResult:
     """Length of the ``input_ids`` this request was given."""
     request_id: str = ""
     """Engine-assigned id, unique within the engine."""
+    matched_stop: str | None = None
+    """The stop string that ended generation (``finish_reason == "stop"``), else None."""
 
 
 def check_input_ids(

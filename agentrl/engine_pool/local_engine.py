@@ -82,6 +82,7 @@ from agentrl.engine_pool.kv_batch import DecodeBatch
 from agentrl.engine_pool.prefix_cache import PrefixCache
 from agentrl.engine_pool.request_state import EngineStats, RequestState
 from agentrl.engine_pool.sampling import request_generator, sample_next_tokens
+from agentrl.engine_pool.stop_strings import stop_tail_tokens
 from agentrl.engine_pool.weights import apply_named_tensors, round_weights_through_fp8
 from agentrl.fp8_weights import fp8_weight_names
 from agentrl.models import load_model, load_tokenizer
@@ -165,6 +166,8 @@ class LocalEngine:
         if self._device is not None and model.device != self._device:
             await self._in_worker(model.to, self._device)  # moves it in place (returns it)
         self._device = model.device
+        if self._tokenizer is None and not isinstance(self._source, PreTrainedModel):
+            self._tokenizer = await self._in_worker(load_tokenizer, self._source)
         if not self._eos:
             self._eos = await self._in_worker(self._default_eos)
         model.eval()
@@ -223,6 +226,11 @@ class LocalEngine:
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         ids = check_input_ids(input_ids, self._vocab_size, self._max_context)
+        if sampling.stop and self._tokenizer is None:
+            raise ValueError(
+                "stop strings need the engine's tokenizer: pass LocalEngine(tokenizer=...) "
+                "with a model object"
+            )
         request = RequestState(
             request_id=f"local-{next(self._ids)}",
             session_id=session_id,
@@ -230,6 +238,7 @@ class LocalEngine:
             sampling=sampling,
             generator=request_generator(sampling, self.model.device),
             future=asyncio.get_running_loop().create_future(),
+            stop_tail_tokens=stop_tail_tokens(sampling.stop, self._encode) if sampling.stop else 0,
         )
         self._waiting.append(request)
         self._wakeup.set()
@@ -376,7 +385,7 @@ class LocalEngine:
             if request.done:  # aborted or cancelled while the step ran: discard its token
                 continue
             self.stats.tokens_generated += 1
-            if request.append(token, logprob, version, self._eos, self._max_context):
+            if request.append(token, logprob, version, self._eos, self._max_context, self._decode):
                 self.stats.requests_finished += 1
 
     async def _drop_done(self) -> None:
@@ -422,9 +431,15 @@ class LocalEngine:
         if self._task is None:
             raise EngineError("LocalEngine is not started: use `async with LocalEngine(...)`")
 
+    def _decode(self, token_ids: list[int]) -> str:
+        assert self._tokenizer is not None  # generate() refuses stop strings without one
+        return str(self._tokenizer.decode(token_ids))
+
+    def _encode(self, text: str) -> list[int]:
+        assert self._tokenizer is not None
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
     def _default_eos(self) -> frozenset[int]:
-        if self._tokenizer is None and not isinstance(self._source, PreTrainedModel):
-            self._tokenizer = load_tokenizer(self._source)
         if self._tokenizer is not None and self._tokenizer.eos_token_id is not None:
             return frozenset([self._tokenizer.eos_token_id])
         eos = self.model.generation_config.eos_token_id

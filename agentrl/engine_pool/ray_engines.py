@@ -54,8 +54,8 @@ class EngineServerActor:
         if server == "agentrl":
             command = [sys.executable, "-m", "agentrl.cli", "serve", model]
         elif server == "sglang":
+            # with its tokenizer: stop strings need it (see sglang_command)
             command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model]
-            command += ["--skip-tokenizer-init"]
         else:
             raise ValueError(f"server must be 'agentrl' or 'sglang', got {server!r}")
         command += ["--host", "0.0.0.0", "--port", str(self.port), *extra_args]

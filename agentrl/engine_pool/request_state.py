@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from agentrl.engine_pool.engine import FinishReason, GenerateResult, SamplingParams
+from agentrl.engine_pool.stop_strings import Decode, completed_stop
 
 
 @dataclass
@@ -55,6 +56,9 @@ class RequestState:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    stop_tail_tokens: int = 0
+    """Generated tokens decoded to look for the stop strings (:mod:`.stop_strings`)."""
+    matched_stop: str | None = None
 
     @property
     def done(self) -> bool:
@@ -72,8 +76,11 @@ class RequestState:
         version: int,
         eos_token_ids: frozenset[int],
         max_context: int | None,
+        decode: Decode | None = None,
     ) -> bool:
-        """Record one sampled token; finish the request if it is a stop token or reaches a limit.
+        """Record one sampled token; finish the request if it completes a stop string, is a stop
+        token, or reaches a limit (checked in that order, as SGLang does). ``decode`` turns ids
+        into text; it is needed when the request has stop strings.
 
         Returns whether the request finished. Must not be called once the request is done.
         """
@@ -81,7 +88,16 @@ class RequestState:
         self.logprobs.append(logprob)
         self.versions.append(version)
         sampling = self.sampling
-        if token in sampling.stop_token_ids or (not sampling.ignore_eos and token in eos_token_ids):
+        if sampling.stop:
+            if decode is None:
+                raise ValueError("stop strings need a decode function (the engine's tokenizer)")
+            self.matched_stop = completed_stop(
+                self.token_ids, sampling.stop, self.stop_tail_tokens, decode
+            )
+        stop_token = token in sampling.stop_token_ids or (
+            not sampling.ignore_eos and token in eos_token_ids
+        )
+        if self.matched_stop is not None or stop_token:
             self.finish("stop", version)
         elif len(self.token_ids) >= sampling.max_new_tokens or (
             max_context is not None and len(self.input_ids) + len(self.token_ids) >= max_context
@@ -101,6 +117,7 @@ class RequestState:
             token_weight_versions=list(self.versions),
             prompt_tokens=len(self.input_ids),
             request_id=self.request_id,
+            matched_stop=self.matched_stop if reason == "stop" else None,
         )
         self.future.set_result(result)
 

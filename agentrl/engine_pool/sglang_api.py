@@ -11,13 +11,15 @@ Shapes are taken from SGLang's source (release 0.5.23; repository ``sgl-project/
 
     {"input_ids": [int], "rid": str, "return_logprob": true, "stream": false,
      "sampling_params": {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids",
-                         "ignore_eos", "sampling_seed"}}
+                         "stop", "no_stop_trim", "ignore_eos", "sampling_seed"}}
 
 Response: ``{"text"?, "output_ids": [int], "meta_info": {"id", "finish_reason",
 "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version", "weight_versions"?,
 "output_token_logprobs": [[logprob, token_id, text|null]]}}``. ``finish_reason`` is
-``{"type": "stop", "matched": id}``, ``{"type": "length", "length": n}`` or ``{"type": "abort",
-"message": str}``. ``output_ids`` include the stop token. Weight versions are strings in SGLang;
+``{"type": "stop", "matched": id | str}`` (a stop token, or the stop string found), ``{"type":
+"length", "length": n}`` or ``{"type": "abort", "message": str}``. ``output_ids`` include the stop
+token, and every token up to the one that completed a stop string (``no_stop_trim`` only keeps
+the match in ``text``; SGLang never trims the ids for a stop string). Weight versions are strings in SGLang;
 agentrl's are ints written as decimal strings (SGLang's initial ``"default"`` reads as 0).
 
 What an SGLang server does that its client must handle (SGLang 0.5.23's source, cited in
@@ -62,6 +64,9 @@ def generate_request(
     }
     if sampling.stop_token_ids:
         params["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+        params["no_stop_trim"] = True  # the text keeps the match, as the ids do
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
     return {
@@ -93,11 +98,20 @@ def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str | 
     raw = body.get("sampling_params") or {}
     if not isinstance(raw, dict):
         raise ProtocolError("`sampling_params` must be an object")
-    known = {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids", "ignore_eos"}
-    unknown = sorted(set(raw) - known - {"sampling_seed", "n"})
+    known = {
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_new_tokens",
+        "stop_token_ids",
+        "stop",
+        "ignore_eos",
+    }
+    unknown = sorted(set(raw) - known - {"sampling_seed", "n", "no_stop_trim"})
     if unknown:
         raise ProtocolError(
-            f"unknown sampling_params {unknown}; expected some of {sorted(known | {'sampling_seed'})}"
+            f"unknown sampling_params {unknown}; expected some of "
+            f"{sorted(known | {'sampling_seed', 'no_stop_trim'})}"
         )
     if raw.get("n", 1) != 1:
         raise ProtocolError("`n` > 1 is not supported; send one request per sample")
@@ -106,6 +120,8 @@ def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str | 
         values["top_k"] = 0
     if "stop_token_ids" in values:
         values["stop_token_ids"] = tuple(values["stop_token_ids"])
+    if isinstance(values.get("stop"), list):
+        values["stop"] = tuple(values["stop"])
     values.setdefault("max_new_tokens", 128)  # SGLang's default
     try:
         sampling = SamplingParams(**values, seed=raw.get("sampling_seed"))
@@ -125,7 +141,8 @@ def generate_response(
 ) -> dict[str, Any]:
     """The ``/generate`` response body for ``result`` (what ``agentrl serve`` sends)."""
     if result.finish_reason == "stop":
-        finish: dict[str, Any] = {"type": "stop", "matched": result.token_ids[-1]}
+        matched = result.matched_stop if result.matched_stop is not None else result.token_ids[-1]
+        finish: dict[str, Any] = {"type": "stop", "matched": matched}
     elif result.finish_reason == "length":
         finish = {"type": "length", "length": len(result.token_ids)}
     else:
@@ -166,6 +183,8 @@ def parse_generate_response(body: Any, prompt_tokens: int) -> GenerateResult:
         logprobs = [float(pair[0]) for pair in pairs]
         logprob_ids = [int(pair[1]) for pair in pairs]
         reason = _finish_reason(meta["finish_reason"])
+        finish = meta["finish_reason"]
+        matched = finish.get("matched") if isinstance(finish, dict) else None
         version = parse_version(meta.get("weight_version", "default"))
         spans = meta.get("weight_versions")
         versions = _versions_from_spans(spans, len(token_ids)) if spans else []
@@ -186,6 +205,7 @@ def parse_generate_response(body: Any, prompt_tokens: int) -> GenerateResult:
         token_weight_versions=versions or [version] * len(token_ids),
         prompt_tokens=int(meta.get("prompt_tokens", prompt_tokens)),
         request_id=str(meta.get("id", "")),
+        matched_stop=matched if reason == "stop" and isinstance(matched, str) else None,
     )
 
 

@@ -1,6 +1,6 @@
 """``SGLangEngine``: the :class:`~agentrl.engine_pool.engine.Engine` protocol over SGLang's HTTP API.
 
-It talks to a real SGLang server (``python -m sglang.launch_server ... --skip-tokenizer-init``) or
+It talks to a real SGLang server (``python -m sglang.launch_server ...``, token ids in and out) or
 to ``agentrl serve``, which behaves the same where this client depends on it
 (:mod:`agentrl.engine_pool.server`). It can attach to a URL or launch the server as a subprocess
 and wait until ``/health_generate`` answers. ``start()`` reads ``/model_info`` and
@@ -35,7 +35,9 @@ lists the supported versions and what differs between them):
   ``/model_info`` (answered without generating) instead, so a pool never evicts an engine for
   being paused.
 * **Generation.** ``ignore_eos`` also turns off ``stop_token_ids`` in SGLang, so a request with
-  both is refused (``ValueError``). ``sampling_seed`` is ignored unless the server runs with
+  both is refused (``ValueError``). Stop strings are sent with ``no_stop_trim`` (the ids are never
+  trimmed; the text keeps the match); a server started with ``--skip-tokenizer-init`` cannot match
+  them, so such a request to one is refused (``ValueError``). ``sampling_seed`` is ignored unless the server runs with
   ``--enable-deterministic-inference``: a seeded request to such a server is refused, or sent
   without its seed when ``ignore_seeds=True``. The context length is ``/server_info``'s
   ``context_length`` when set, else ``max_req_input_len + 1``; a prompt that fills it is refused
@@ -110,6 +112,8 @@ class ServerFacts:
     deterministic: bool = False
     """``--enable-deterministic-inference``: whether ``sampling_seed`` takes effect."""
     context_length: int | None = None
+    skip_tokenizer_init: bool = False
+    """``--skip-tokenizer-init``: the server has no tokenizer, so it refuses stop strings."""
 
     @classmethod
     def from_server_info(cls, info: dict[str, Any]) -> ServerFacts:
@@ -122,6 +126,7 @@ class ServerFacts:
             tp_size=int(info.get("tp_size") or 1),
             deterministic=bool(info.get("enable_deterministic_inference", False)),
             context_length=int(context) if context else None,
+            skip_tokenizer_init=bool(info.get("skip_tokenizer_init", False)),
         )
 
 
@@ -454,6 +459,11 @@ class SGLangEngine:
             raise ValueError(
                 "SGLang's ignore_eos also turns off stop_token_ids: send one of them, not both"
             )
+        if sampling.stop and facts.skip_tokenizer_init:
+            raise ValueError(
+                f"{self.url} runs with --skip-tokenizer-init and so cannot match stop strings "
+                f"{list(sampling.stop)}: start it without that flag (agentrl's launchers do)"
+            )
         if sampling.seed is not None and not facts.deterministic:
             if not self.ignore_seeds:
                 raise ValueError(
@@ -668,11 +678,12 @@ def sglang_command(
     tp_size: int = 1,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The argv of ``python -m sglang.launch_server`` for token-id requests (no tokenizer)."""
+    """The argv of ``python -m sglang.launch_server``. The server keeps its tokenizer (no
+    ``--skip-tokenizer-init``) because stop strings need it; requests still send token ids and
+    read the output ids, so nothing is re-tokenized."""
     return [
         sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
-        "--host", host, "--port", str(port), "--tp-size", str(tp_size),
-        "--skip-tokenizer-init", *extra,
+        "--host", host, "--port", str(port), "--tp-size", str(tp_size), *extra,
     ]  # fmt: skip
 
 

@@ -103,12 +103,13 @@ class EnginesConfig(Config):
     command: list[str] = Field(default_factory=list)
     """``serve``, ``sglang``: the argv that starts one server, instead of the built-in one, with
     ``{model}``, ``{port}``, ``{host}`` and ``{gpu}`` filled in (``server_args`` appended); e.g.
-    ``[python, -m, sglang.launch_server, --model-path, "{model}", --port, "{port}",
-    --skip-tokenizer-init]``. The server must answer SGLang's HTTP API at ``http://{host}:{port}``."""
+    ``[python, -m, sglang.launch_server, --model-path, "{model}", --port, "{port}"]``. The server
+    must answer SGLang's HTTP API at ``http://{host}:{port}`` (without ``--skip-tokenizer-init``
+    where stop strings are used)."""
     gpu_ids: list[int] = Field(default_factory=list)
     """``sglang``: the GPU of each server (``CUDA_VISIBLE_DEVICES``); default 0, 1, 2..."""
     ray_server: Literal["agentrl", "sglang"] = "agentrl"
-    """``ray``: what each actor runs, ``agentrl serve`` or SGLang (``--skip-tokenizer-init``)."""
+    """``ray``: what each actor runs, ``agentrl serve`` or SGLang."""
     ray_gpus_per_engine: float | None = Field(None, ge=0)
     """``ray``: GPUs each actor reserves; default 1 for SGLang, 0 for ``agentrl serve``."""
     ray_address: str | None = None

@@ -196,6 +196,7 @@ class Trainer:
                         temperature=cfg.rollout.temperature,
                         top_p=cfg.rollout.top_p,
                         max_new_tokens=cfg.rollout.max_new_tokens,
+                        stop=tuple(cfg.rollout.stop),
                         seed=cfg.trainer.seed,
                     ),
                     # in a mixture, trajectories are named by their environment's label

@@ -37,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="per assistant turn")
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a stop string for every turn (repeatable), besides the environment's own",
+    )
     parser.add_argument("--max-total-tokens", type=int, default=2048, help="per trajectory")
     parser.add_argument("--seed", type=int, default=0, help="reset seeds and sampling seeds")
     parser.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
@@ -107,6 +114,7 @@ async def _rollout(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> list
         top_p=args.top_p,
         top_k=args.top_k,
         max_new_tokens=args.max_new_tokens,
+        stop=tuple(args.stop),
         seed=args.seed,
     )
     tasks = group_tasks(args.n, args.group_size, seed=args.seed)

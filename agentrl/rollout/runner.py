@@ -3,7 +3,9 @@
 Each episode: ``areset`` gives the opening messages and tool schemas, from which the
 :class:`~agentrl.tokenization.TrajectoryBuilder` renders the prompt; each turn the engine's tokens are
 appended as produced, their decoded text is the environment's action, and the messages the
-environment returns are appended as chat-template delta tokens. Nothing is re-tokenized.
+environment returns are appended as chat-template delta tokens. Nothing is re-tokenized. Stop
+strings the reset info lists under ``"stop"`` (Search-R1's ``</search>``) end every turn of the
+episode, besides the runner's own; the turn keeps the tokens as sampled, the match included.
 
 Episodes run as asyncio tasks bounded by ``concurrency``; GRPO groups are ``group_size`` episodes
 reset with the same seed (so the same prompt) and sampled with different seeds. An exception from the
@@ -51,6 +53,9 @@ class RolloutConfig(Config):
     """Nucleus sampling threshold (1 disables it; anything else makes log-probs biased)."""
     max_new_tokens: int = Field(256, ge=1)
     """Tokens per assistant turn."""
+    stop: list[str] = Field(default_factory=list)
+    """Strings that end an assistant turn (kept in its tokens), besides those the environment
+    asks for in its reset info (``"stop"``)."""
     max_total_tokens: int = Field(1024, ge=2)
     """Tokens per trajectory (prompt, every turn and every tool result)."""
     concurrency: int = Field(64, ge=1)
@@ -101,6 +106,20 @@ def turn_seed(base: int, task: RolloutTask, turn: int) -> int:
     return int(state[0])
 
 
+class StopStringsError(ValueError):
+    """A reset info's ``"stop"`` is not a list of non-empty strings."""
+
+
+def env_stop_strings(info: dict[str, Any]) -> tuple[str, ...]:
+    """The stop strings a reset info asks for (``"stop"``: a list of non-empty strings)."""
+    stop = info.get("stop") or ()
+    if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+        raise StopStringsError(
+            f'reset info "stop" must be a list of non-empty strings, got {stop!r}'
+        )
+    return tuple(stop)
+
+
 def _derived_seed(seed: int, piece: int) -> int:
     """The sampling seed of the ``piece``-th continuation of an aborted generation."""
     return int(np.random.SeedSequence([seed, piece]).generate_state(1)[0])
@@ -145,6 +164,7 @@ class EpisodeRunner:
         except Exception as exc:
             return self._failed(task, "env", exc)
         try:
+            stop = env_stop_strings(info)
             builder = TrajectoryBuilder(
                 self.tokenizer,
                 messages,
@@ -153,7 +173,9 @@ class EpisodeRunner:
                 seams=self.seams,
             )
         except Exception as exc:
-            return self._failed(task, "tokenization", exc, messages)
+            return self._failed(
+                task, "env" if isinstance(exc, StopStringsError) else "tokenization", exc, messages
+            )
         # tokens and messages are taken from the builder once the episode ends, on every path
         trajectory = Trajectory(
             self.env_id, task.group, task.sample, task.seed, TokenTrajectory.empty(), []
@@ -167,7 +189,7 @@ class EpisodeRunner:
                     trajectory.truncated, trajectory.stop_reason = True, "context_length"
                     break
                 stage = "engine"
-                sampling = self._sampling(task, len(trajectory.turns), budget)
+                sampling = self._sampling(task, len(trajectory.turns), budget, stop)
                 start = time.perf_counter()
                 turn, text = await self._generate_turn(builder, task, sampling, len(prompt))
                 turn.generate_s = time.perf_counter() - start
@@ -233,10 +255,13 @@ class EpisodeRunner:
     def _decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _sampling(self, task: RolloutTask, turn: int, budget: int) -> SamplingParams:
+    def _sampling(
+        self, task: RolloutTask, turn: int, budget: int, stop: tuple[str, ...]
+    ) -> SamplingParams:
         seed = None if self.sampling.seed is None else turn_seed(self.sampling.seed, task, turn)
         max_new = min(self.sampling.max_new_tokens, budget)
-        return dataclasses.replace(self.sampling, seed=seed, max_new_tokens=max_new)
+        stop = tuple(dict.fromkeys(self.sampling.stop + stop))  # the runner's first, once each
+        return dataclasses.replace(self.sampling, seed=seed, max_new_tokens=max_new, stop=stop)
 
     def _session(self, task: RolloutTask) -> str:
         return f"{self.env_id}:{task.group}:{task.sample}:{task.seed}"

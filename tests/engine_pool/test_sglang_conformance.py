@@ -33,9 +33,10 @@ from sglang_conformance.sglang_side import describe_tensor  # the checksum both 
 from test_sglang_http import free_port
 
 from agentrl.engine_pool.engine import SamplingParams
-from agentrl.engine_pool.sglang_api import encode_named_tensors
+from agentrl.engine_pool.sglang_api import encode_named_tensors, generate_request
 from agentrl.engine_pool.sglang_engine import SGLangEngine
 from agentrl.fp8_weights import dequantize_blockwise, quantize_named_tensors
+from agentrl.models import SMOLLM2, resolve_model
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +52,7 @@ SERVER_FACTS = {
     "tp_size": 1,
     "enable_deterministic_inference": True,  # so that seeded requests are sent, not refused
     "allow_auto_truncate": False,
-    "skip_tokenizer_init": True,
+    "skip_tokenizer_init": False,  # as agentrl launches SGLang: stop strings need the tokenizer
     "context_length": 2048,
 }
 VOCAB_SIZE = 49152  # SmolLM2's; the harness's model config uses it
@@ -247,7 +248,11 @@ def harness_server_options() -> dict[str, Any]:
     return {
         "vocab_size": VOCAB_SIZE,
         "context_length": SERVER_FACTS["context_length"],
-        "server_args": {"allow_auto_truncate": SERVER_FACTS["allow_auto_truncate"]},
+        "server_args": {
+            "allow_auto_truncate": SERVER_FACTS["allow_auto_truncate"],
+            "skip_tokenizer_init": SERVER_FACTS["skip_tokenizer_init"],
+            "tokenizer_path": str(resolve_model(SMOLLM2).directory),  # SmolLM2's tokenizer
+        },
     }
 
 
@@ -290,6 +295,7 @@ async def drive_every_call(server: RecordingServer) -> list[str]:
         SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=3, seed=11),
         SamplingParams(temperature=1.0, top_k=0, max_new_tokens=3, stop_token_ids=(2, 7)),
         SamplingParams(max_new_tokens=3, ignore_eos=True, seed=0),
+        SamplingParams(max_new_tokens=3, stop=("</search>", "\n\n")),
     ]
     async with SGLangEngine(server.url) as engine:
         for i, sampling in enumerate(samplings):
@@ -378,6 +384,28 @@ async def test_every_request_the_client_sends_is_accepted_by_sglang(recording_se
 
 
 # -- b. tensor payloads ----------------------------------------------------------------------
+
+
+async def test_stop_strings_need_a_server_with_its_tokenizer_and_the_client_says_so(side_python):
+    """SGLang refuses stop strings under ``--skip-tokenizer-init``; the client refuses them before
+    sending to a server that reports the flag, with a message that names it."""
+    no_tokenizer = {**SERVER_FACTS, "skip_tokenizer_init": True}
+    server = await RecordingServer(no_tokenizer).start()
+    try:
+        async with SGLangEngine(server.url) as engine:
+            with pytest.raises(ValueError, match="--skip-tokenizer-init and so cannot match stop"):
+                await engine.generate([1, 2], SamplingParams(max_new_tokens=2, stop=("</s>",)))
+            await engine.generate([1, 2], SamplingParams(max_new_tokens=2))  # still serves
+    finally:
+        await server.close()
+    body = generate_request([1, 17, 42], SamplingParams(max_new_tokens=3, stop=("</search>",)), "r")
+    request = {"route": "/generate", "method": "POST", "body": body}
+    options = harness_server_options()
+    options["server_args"] = {**options["server_args"], "skip_tokenizer_init": True}
+    (refused,) = await asyncio.to_thread(
+        side, side_python, "check-requests", {"requests": [request], **options}
+    )
+    assert not refused["accepted"] and "skip_tokenizer_init" in refused["error"]
 
 
 async def test_tensor_payloads_decode_in_sglang_to_the_tensors_sent(recording_server, side_python):

@@ -107,6 +107,20 @@ async def test_tokens_and_logprobs_match_the_in_process_engine(
     assert stopped.finish_reason == "stop" and stopped.token_ids == remote.token_ids[: first + 1]
 
 
+async def test_stop_strings_end_requests_as_in_the_in_process_engine(
+    server, engine, tokenizer, chat_prompt
+):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True)
+    text = tokenizer.decode((await engine.generate(chat_prompt, greedy)).token_ids)
+    stop = (text.split()[len(text.split()) // 2], "no such text")
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True, stop=stop)
+    local = await engine.generate(chat_prompt, sampling)
+    remote = await server.generate(chat_prompt, sampling)
+    assert remote.token_ids == local.token_ids and len(local.token_ids) < 40
+    assert remote.finish_reason == local.finish_reason == "stop"
+    assert remote.matched_stop == local.matched_stop == stop[0]
+
+
 async def test_abort_reaches_one_session_and_returns_partial_tokens(server, chat_prompt):
     long = SamplingParams(max_new_tokens=400, ignore_eos=True, seed=1)
     doomed = asyncio.create_task(server.generate(chat_prompt, long, session_id="s:1"))

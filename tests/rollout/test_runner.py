@@ -198,3 +198,51 @@ async def test_a_grading_infrastructure_failure_is_excluded_from_the_loss(engine
     batch = build_batch([trajectories], AlgorithmConfig(), StreamConfig(), 0)
     assert batch.sequences == [] and batch.metrics["episodes/infra_errors"] == 2
     assert batch.metrics["batch/small_groups"] == 1
+
+
+class AsksToStop(AgentWrapper):
+    """An environment whose reset info asks for stop strings, as Search-R1's protocol does."""
+
+    def __init__(self, env, stop):
+        super().__init__(env)
+        self.stop = stop
+
+    async def areset(self, *, seed=None, options=None):
+        messages, info = await self.env.areset(seed=seed, options=options)
+        return messages, {**info, "stop": self.stop}
+
+
+async def test_the_environments_stop_strings_end_its_turns_token_exactly(engine, tokenizer):
+    sampled = []
+
+    class Recording:
+        async def generate(self, input_ids, sampling, session_id=None):
+            sampled.append(sampling)
+            return await engine.generate(input_ids, sampling, session_id)
+
+    runner = EpisodeRunner(
+        lambda: AsksToStop(EchoEnv(attempts=3), [" ", "."]),
+        Recording(),
+        tokenizer,
+        SamplingParams(temperature=1.0, max_new_tokens=24, seed=1, stop=("\n", " ")),
+    )
+    trajectories = await runner.collect(group_tasks(2, group_size=2))
+    assert {s.stop for s in sampled} == {("\n", " ", ".")}  # the runner's first, each once
+    turns = [turn for t in trajectories for turn in t.turns]
+    assert any(turn.finish_reason == "stop" for turn in turns)
+    for trajectory in trajectories:
+        assert trajectory.error is None
+        assert_token_exact(trajectory, tokenizer)
+        ids, mask = trajectory.tokens.input_ids, trajectory.tokens.loss_mask
+        for turn in trajectory.turns:
+            completion = ids[turn.prompt_tokens : turn.prompt_tokens + turn.completion_tokens]
+            assert all(mask[turn.prompt_tokens : turn.prompt_tokens + turn.completion_tokens])
+            if turn.finish_reason == "stop" and completion[-1] != tokenizer.eos_token_id:
+                text = tokenizer.decode(completion)
+                assert any(s in text for s in ("\n", " ", ".")), text
+                assert not any(s in tokenizer.decode(completion[:-1]) for s in ("\n", " ", "."))
+
+    runner = EpisodeRunner(lambda: AsksToStop(EchoEnv(), "</search>"), engine, tokenizer, SAMPLING)
+    (trajectory,) = await runner.collect(group_tasks(1))
+    assert trajectory.error is not None and trajectory.error.startswith("env: StopStringsError")
+    assert "list of non-empty strings" in trajectory.error

@@ -13,7 +13,8 @@ against one server, so a ``/pause_generation`` holds the requests after it as on
     as an ASGI call, so the body is parsed exactly as a server parses it (``Annotated[X, Body()]`` on
     SGLang's msgspec request structs, through their pydantic schema; ``/generate``'s
     ``generate_contract_error``). Behind the app sits a real ``TokenizerManager`` built from
-    ``ServerArgs(model_path=<a config.json only>, skip_tokenizer_init=True, device="cpu")``, so each
+    ``ServerArgs(model_path=<a config.json only>, skip_tokenizer_init=True, device="cpu")`` (the
+    tests pass ``skip_tokenizer_init=False`` and a ``tokenizer_path``, as agentrl launches SGLang), so each
     body also meets every check the tokenizer manager runs (for ``/generate``:
     ``normalize_batch_and_arguments``, ``_validate_one_request``, ``SamplingParams(**...)``,
     ``.normalize``, ``.verify``, ``TokenizedGenerateReqInput``). What the tokenizer manager sends on
@@ -45,6 +46,15 @@ against one server, so a ``/pause_generation`` holds the requests after it as on
     ``block_quant_dequant`` turns them back into float32. Per layer: ``params`` (name -> [dtype,
     shape] as SGLang registers them), ``sent`` (the same for the body's tensors), ``dequantized``
     (``describe_tensor``), or ``error`` (SGLang's refusal).
+``stop-strings`` (stdin: ``{"tokenizer": <a tokenizer directory>, "cases": [{"output_ids",
+"stop", "max_new_tokens", "ignore_eos"?}]}``)
+    Where SGLang's scheduler ends each case: ``SamplingParams(stop=..., no_stop_trim=True,
+    max_new_tokens=..., ignore_eos=...)`` with ``.normalize(tokenizer)`` and ``.verify(vocab_size)``, a
+    ``Req`` holding the tokenizer (as the scheduler gives it one), then the output ids appended one
+    at a time, each followed by ``Req.update_finish_state()``; the tokenizer is loaded with SGLang's
+    ``get_tokenizer``, as the scheduler loads it, until the request finishes. Per
+    case: ``finished_len`` (the ids kept) and ``finish_reason`` (``FINISH_*.to_json()``), or
+    ``null`` for both when it never finishes.
 ``join-group --master-address A --master-port P --world-size W --rank R --group-name G``
     Joins a weight-update group as an SGLang server's TP rank does
     (``WeightUpdater.init_weights_update_group``): ``init_custom_process_group(backend=...,
@@ -385,7 +395,7 @@ async def _check_requests(
     server_args = ServerArgs(
         **{
             "model_path": model_path,
-            "skip_tokenizer_init": True,  # as agentrl launches SGLang (sglang_command)
+            "skip_tokenizer_init": True,  # unless options say otherwise (the tests do)
             "device": "cpu",
             "context_length": context_length,
             **options.get("server_args", {}),
@@ -591,6 +601,42 @@ def fp8_layers(spec: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
+# -- stop-strings -------------------------------------------------------------------------------
+
+
+def stop_strings(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+    tokenizer = get_tokenizer(spec["tokenizer"])  # as the scheduler loads it
+    verdicts = []
+    for case in spec["cases"]:
+        params = SamplingParams(
+            stop=case["stop"],
+            no_stop_trim=True,
+            max_new_tokens=case["max_new_tokens"],
+            ignore_eos=case.get("ignore_eos", False),
+        )
+        params.normalize(tokenizer)
+        params.verify(len(tokenizer))
+        req = Req("stop-case", "", [0], params, eos_token_ids=set(), vocab_size=len(tokenizer))
+        req.tokenizer = tokenizer
+        verdict: dict[str, Any] = {"finished_len": None, "finish_reason": None}
+        for token in case["output_ids"]:
+            req.output_ids.append(token)
+            req.update_finish_state()
+            if req.finished():
+                finished_len = req.finished_len or len(req.output_ids)
+                verdict = {
+                    "finished_len": finished_len,
+                    "finish_reason": req.finished_reason.to_json(),
+                }
+                break
+        verdicts.append(verdict)
+    return verdicts
+
+
 # -- join-group ---------------------------------------------------------------------------------
 
 
@@ -649,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("check-requests")
     commands.add_parser("decode-payloads")
     commands.add_parser("fp8-layers")
+    commands.add_parser("stop-strings")
     join = commands.add_parser("join-group")
     join.add_argument("--master-address", required=True)
     join.add_argument("--master-port", type=int, required=True)
@@ -669,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
                 answer: Any = check_requests(spec)
             elif args.command == "fp8-layers":
                 answer = fp8_layers(spec)
+            elif args.command == "stop-strings":
+                answer = stop_strings(spec)
             else:
                 answer = decode_payloads(spec)
             if "torchvision" in sys.modules:  # the placeholder must stay private to two modules
