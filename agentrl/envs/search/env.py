@@ -25,6 +25,15 @@ more than ``max_searches_per_turn`` calls in a turn (one message for all the ext
 back as ``Error: ...`` tool messages.
 **A retriever that does not answer** (the service is down, times out or fails) is not the agent's
 fault: the step sets ``info["infra_error"]`` and ends the episode (its reward means nothing).
+
+**``protocol="search-r1"``** follows Search-R1's own code instead of the rules above
+(:mod:`agentrl.envs.search.search_r1`): its prompt as one user message, the turn cut at the first
+``</search>`` (the reset info asks the engine to stop at ``</search>`` and ``</answer>``), the
+first tag acting, observations as ``user`` messages holding exactly Search-R1's
+``\n\n<information>...</information>\n\n`` or its invalid-action text, whole passages capped in
+tokens (``tokenizer``, ``max_obs_tokens``), its exact-match reward of the whole sequence with its
+``format_score``. Search-R1's ``max_turns=K`` is ``max_turns=K + 1`` here: the last turn is its
+final rollout, which searches nothing and is scored.
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ from agentrl.envs.search.qa import (
     f1_score,
     read_questions,
 )
+from agentrl.envs.search.search_r1 import STOP, SearchR1Episode, make_prompt, token_cap
+from agentrl.models import load_tokenizer
 from agentrl.tools import HermesParser, TagParser, Tool, ToolCall, ToolCallError, ToolSet
 from agentrl.tools.retrieval_corpus import CorpusFormat
 from agentrl.tools.retriever import (
@@ -99,7 +110,19 @@ class SearchConfig(Config):
     tool_format: Literal["tags", "hermes"] = "tags"
     """How the model calls search: <search>query</search>, or Hermes <tool_call> JSON."""
     system_prompt: str | None = None
-    """Replaces the built-in system prompt."""
+    """Replaces the built-in system prompt (protocol agentrl only)."""
+    protocol: Literal["agentrl", "search-r1"] = "agentrl"
+    """agentrl: the rules above; search-r1: Search-R1's prompt, turn, observations and reward
+    (agentrl/envs/search/search_r1.py); tool_format, max_passage_chars, max_result_chars and
+    max_searches_per_turn do not apply to it."""
+    tokenizer: str | None = None
+    """search-r1: the model whose tokenizer caps observations at max_obs_tokens (a model
+    reference as agentrl.models takes it); None: observations are not capped."""
+    max_obs_tokens: int = Field(500, ge=1)
+    """search-r1: an observation is cut to its first max_obs_tokens tokens (Search-R1's
+    max_obs_length, 500 in its train_ppo.sh)."""
+    format_score: float = 0.0
+    """search-r1: the reward of an answer that is given but wrong (Search-R1's format_score)."""
 
     @model_validator(mode="after")
     def _one_retriever(self) -> Self:
@@ -118,6 +141,12 @@ class SearchEnv(AgentEnv):
         self.retriever = make_retriever(config)
         self.question: Question | None = None
         self.searches = 0
+        self.episode: SearchR1Episode | None = None
+        self._cap = (
+            token_cap(load_tokenizer(config.tokenizer), config.max_obs_tokens)
+            if config.tokenizer is not None and config.protocol == "search-r1"
+            else None
+        )
         self._infra_error: str | None = None
 
         async def search(query: str) -> str:
@@ -148,6 +177,8 @@ class SearchEnv(AgentEnv):
             raise IndexError(f"options['index']={index} is outside 0..{len(self.questions) - 1}")
         self.question = self.questions[index]
         self.searches = 0
+        if self.config.protocol == "search-r1":
+            return self._reset_search_r1(self.question)
         messages = [
             {
                 "role": "system",
@@ -165,12 +196,36 @@ class SearchEnv(AgentEnv):
     async def astep(self, action: str) -> StepResult:
         if self.question is None:
             raise RuntimeError("SearchEnv.step() before reset()")
+        if self.episode is not None:
+            return await self.episode.step(action, final=self.final_turn)
         answer = extract_answer(action)
         if answer is None:
             parsed = self.parser.parse(action)
             if parsed.calls or parsed.errors:
                 return await self._run_calls(parsed.calls, parsed.errors)
         return [], *self.grade(answer)
+
+    def _reset_search_r1(self, question: Question) -> ResetResult:
+        """Search-R1's first observation: the row's own ``prompt`` when it has one, else the
+        ``base`` template around the question."""
+        messages = question.metadata.get("prompt") or [
+            {"role": "user", "content": make_prompt(question.question)}
+        ]
+        self.episode = SearchR1Episode(
+            "".join(message["content"] for message in messages),
+            question.golden_answers,
+            retriever=self.retriever,
+            topk=self.config.topk,
+            max_query_chars=self.config.max_query_chars,
+            cap=self._cap,
+            format_score=self.config.format_score,
+        )
+        info = {
+            "question_id": question.id,
+            "golden_answers": list(question.golden_answers),
+            "stop": list(STOP),
+        }
+        return [dict(message) for message in messages], info
 
     def grade(self, answer: str | None) -> tuple[float, bool, bool, dict[str, Any]]:
         """The final turn: (reward, terminated, truncated, info) for ``answer`` (None: none)."""

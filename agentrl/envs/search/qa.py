@@ -4,6 +4,13 @@ Questions are rows with ``question`` and ``golden_answers`` (a list of accepted 
 string), the layout of FlashRAG and Search-R1's data; ``answer`` is accepted in place of
 ``golden_answers``, and ``columns=`` renames other layouts. ``id`` and ``metadata`` are optional.
 
+Search-R1's parquet rows (``scripts/data_process/nq_search.py`` and ``qa_search_*_merge.py``: the
+FlashRAG columns ``id``, ``question``, ``golden_answers``, plus ``data_source``, ``prompt`` (one
+user message), ``ability``, ``reward_model`` (``{"style": "rule", "ground_truth": {"target":
+[...]}}``) and ``extra_info``) are read as they are: the gold answers are ``golden_answers``, else
+``reward_model.ground_truth.target``; ``data_source`` and ``prompt`` go into ``metadata``, where
+``protocol="search-r1"`` takes its prompt from.
+
 Answers are graded as Search-R1 grades them (``verl/utils/reward_score/qa_em.py``): both sides are
 normalised (lower case, punctuation removed, the articles *a*, *an*, *the* removed, whitespace
 collapsed) and the answer is correct when it equals one gold answer. F1 is SQuAD's token F1 on the
@@ -103,7 +110,7 @@ def to_questions(
     questions = []
     for index, raw in enumerate(dataset):
         row = {rename.get(key, key): value for key, value in raw.items()}
-        answers = row.get("golden_answers", row.get("answer"))
+        answers = row.get("golden_answers", row.get("answer")) or _target(row)
         if isinstance(answers, str):
             answers = [answers]
         if not isinstance(row.get("question"), str) or not answers:
@@ -112,7 +119,11 @@ def to_questions(
                 f"strings) or 'answer'; it has columns {sorted(row)}"
             )
         metadata = row.get("metadata")
-        metadata = metadata if isinstance(metadata, dict) else {}
+        metadata = dict(metadata) if isinstance(metadata, dict) else {}
+        if row.get("data_source") is not None:
+            metadata["data_source"] = str(row["data_source"])
+        if row.get("prompt") is not None:
+            metadata["prompt"] = _messages(row["prompt"], index)
         questions.append(
             Question(
                 str(row.get("id", index)),
@@ -124,6 +135,32 @@ def to_questions(
     if not questions:
         raise ValueError("the question set is empty")
     return questions
+
+
+def _target(row: dict[str, Any]) -> Any:
+    """Search-R1's ``reward_model.ground_truth.target``, or None."""
+    reward_model = row.get("reward_model")
+    ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+    return ground_truth.get("target") if isinstance(ground_truth, dict) else None
+
+
+def _messages(prompt: Any, index: int) -> list[dict[str, str]]:
+    """A row's ``prompt``: a non-empty list of ``{"role", "content"}`` string messages."""
+    if (
+        not isinstance(prompt, list)
+        or not prompt
+        or not all(
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+            for message in prompt
+        )
+    ):
+        raise ValueError(
+            f"question row {index}: 'prompt' must be a list of messages with string 'role' and "
+            f"'content' (Search-R1's layout), got {prompt!r:.200}"
+        )
+    return [{"role": message["role"], "content": message["content"]} for message in prompt]
 
 
 @cache
