@@ -110,11 +110,14 @@ class SearchConfig(Config):
     tool_format: Literal["tags", "hermes"] = "tags"
     """How the model calls search: <search>query</search>, or Hermes <tool_call> JSON."""
     system_prompt: str | None = None
-    """Replaces the built-in system prompt (protocol agentrl only)."""
+    """Replaces the built-in system prompt."""
     protocol: Literal["agentrl", "search-r1"] = "agentrl"
-    """agentrl: the rules above; search-r1: Search-R1's prompt, turn, observations and reward
-    (agentrl/envs/search/search_r1.py); tool_format, max_passage_chars, max_result_chars and
-    max_searches_per_turn do not apply to it."""
+    """agentrl: this project's rules, in Search-R1's style but not its protocol (system prompt,
+    tool messages, the last answer of a turn acting, a turn without a tag ending the episode);
+    search-r1: reproduces Search-R1's own generation.py step and qa_em.py reward (prompt as one
+    user message, turn cut at the first </search>, first tag acting, its invalid-action text,
+    <information> framing, whole passages; agentrl/envs/search/search_r1.py). tool_format,
+    system_prompt, max_passage_chars, max_result_chars and max_searches_per_turn are agentrl's."""
     tokenizer: str | None = None
     """search-r1: the model whose tokenizer caps observations at max_obs_tokens (a model
     reference as agentrl.models takes it); None: observations are not capped."""
