@@ -15,8 +15,11 @@ a list or as the JSON-encoded string SWE-bench's datasets store; instance ids ar
 checked: that the commits exist, that the patches apply, that the tests fail and pass as stated
 (the generator checks those for the instances it makes; ``tests/envs/swe`` checks the shipped set).
 
-``environment_setup_commit`` may be absent (SWE-Gym has no such column); SWE-smith's own rows,
-which have neither ``base_commit`` nor ``test_patch``, are not accepted.
+``environment_setup_commit`` may be absent (SWE-Gym has no such column). Rows in the other
+benchmarks' published formats (SWE-bench 5, SWE-Gym, SWE-smith, R2E-Gym) are read through
+:mod:`agentrl.envs.swe.row_formats`, which also fills ``harness``: how the instance runs on its
+benchmark's image. ``base_commit`` is empty only where the row has none and ``harness.base_patch``
+reaches the base state (SWE-smith).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from agentrl.envs.data_files import read_data_file
+from agentrl.envs.swe.row_formats import ROW_FORMATS, FieldError, HarnessSpec, detect_format
 
 if TYPE_CHECKING:
     import datasets
@@ -80,7 +84,7 @@ class SWEInstance(BaseModel):
     repo: str
     """``owner/name`` of the repository."""
     base_commit: str
-    """The commit the agent starts from (40-hex sha)."""
+    """The commit the agent starts from (40-hex sha); empty when ``harness.base_patch`` makes it."""
     problem_statement: str
     """The issue text shown to the agent."""
     patch: str
@@ -105,6 +109,8 @@ class SWEInstance(BaseModel):
     """A prebuilt container image holding the repository (SWE-smith)."""
     agentrl_taskgen: TaskgenInfo | None = None
     """How the task generator made this instance; None for instances from elsewhere."""
+    harness: HarnessSpec | None = None
+    """How the instance runs on its benchmark's image; None for generated instances."""
 
     @field_validator("instance_id", "repo", "problem_statement", "version")
     @classmethod
@@ -116,9 +122,25 @@ class SWEInstance(BaseModel):
     @field_validator("base_commit", "environment_setup_commit")
     @classmethod
     def _git_sha(cls, value: str | None) -> str | None:
-        if value is not None and not GIT_SHA.fullmatch(value):
+        if value and not GIT_SHA.fullmatch(value):
             raise PydanticCustomError("swe", "must be a 40-hex git sha")
         return value
+
+    @field_validator("environment_setup_commit")
+    @classmethod
+    def _not_empty_sha(cls, value: str | None) -> str | None:
+        if value == "":
+            raise PydanticCustomError("swe", "must be a 40-hex git sha")
+        return value
+
+    @model_validator(mode="after")
+    def _base_reached(self) -> SWEInstance:
+        if not self.base_commit and not (self.harness and self.harness.base_patch):
+            raise PydanticCustomError(
+                "swe",
+                "field 'base_commit' must be a 40-hex git sha (empty only with harness.base_patch)",
+            )
+        return self
 
     @field_validator("patch")
     @classmethod
@@ -180,16 +202,20 @@ class SWEInstance(BaseModel):
         return self.model_dump(mode="json")
 
 
-def _describe(row: Mapping[str, Any], row_index: int | None, exc: ValidationError) -> str:
+def _who(row: Mapping[str, Any], row_index: int | None) -> str:
     instance_id = row.get("instance_id")
     if isinstance(instance_id, str) and instance_id.strip():
-        who = f"instance {instance_id!r}"
-    else:
-        who = f"instance at row {row_index}" if row_index is not None else "instance"
+        return f"instance {instance_id!r}"
+    return f"instance at row {row_index}" if row_index is not None else "instance"
+
+
+def _describe(row: Mapping[str, Any], row_index: int | None, exc: ValidationError) -> str:
     problems = []
     for error in exc.errors():
         field = ".".join(str(part) for part in error["loc"])
-        if error["type"] == "missing":
+        if not field:
+            problems.append(error["msg"])
+        elif error["type"] == "missing":
             problems.append(f"field {field!r} is missing")
         else:
             message = (
@@ -200,22 +226,33 @@ def _describe(row: Mapping[str, Any], row_index: int | None, exc: ValidationErro
             got = repr(error["input"])
             got = got if len(got) <= 80 else got[:77] + "..."
             problems.append(f"field {field!r} {message}, got {got}")
-    return f"{who}: " + "; ".join(problems)
+    return f"{_who(row, row_index)}: " + "; ".join(problems)
 
 
 def load_instances(
     source: str | Path | datasets.Dataset | Sequence[Mapping[str, Any]],
+    format: str = "auto",
 ) -> list[SWEInstance]:
     """Instances from a local ``.jsonl``, ``.json`` or ``.parquet`` file (read with ``datasets``),
-    a ``datasets.Dataset``, or a list of rows. Raises :class:`InstanceError` for the first bad
-    instance (rows are numbered from 0) and for a duplicate ``instance_id``;
+    a ``datasets.Dataset``, or a list of rows, in the row format ``format`` (a key of
+    :data:`~agentrl.envs.swe.row_formats.ROW_FORMATS`; ``"auto"`` detects it from the first row's
+    columns). Raises :class:`InstanceError` for the first bad instance (rows are numbered from 0)
+    and for a duplicate ``instance_id``; :class:`ValueError` for an unknown or undetected format;
     :class:`FileNotFoundError` for a missing file."""
+    if format != "auto" and format not in ROW_FORMATS:
+        raise ValueError(f"unknown row format {format!r}; known: {sorted(ROW_FORMATS)}")
     if isinstance(source, (str, Path)):
         source = read_data_file(source, "SWE instances")
     instances: list[SWEInstance] = []
     first_row: dict[str, int] = {}
     for index, row in enumerate(source):
-        instance = SWEInstance.from_row(row, index)
+        if format == "auto":
+            format = detect_format(set(row))
+        try:
+            converted = ROW_FORMATS[format].read(row)
+        except FieldError as exc:
+            raise InstanceError(f"{_who(row, index)}: field {exc.field!r} {exc}") from None
+        instance = SWEInstance.from_row(converted, index)
         if instance.instance_id in first_row:
             raise InstanceError(
                 f"instance {instance.instance_id!r}: duplicate instance_id "
