@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "sft": ("agentrl.sft.cli", "supervised fine-tuning on multi-turn conversations (warm start)"),
     "demos": ("agentrl.sft.demos_cli", "write verified tool-use demonstrations for agentrl sft"),
     "rollout": ("agentrl.rollout.cli", "run an environment against the embedded engine"),
+    "eval": ("agentrl.evaluation.cli", "evaluate a policy on every task: pass@k, per environment"),
     "serve": ("agentrl.engine_pool.cli", "serve the embedded engine over SGLang's HTTP API"),
     "check-template": ("agentrl.tokenization.cli", "check whether a chat template is append-only"),
     "swe": ("agentrl.envs.swe.taskgen.cli", "generate verified SWE-bench instances from sdists"),

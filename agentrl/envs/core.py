@@ -26,6 +26,9 @@ The whole contract:
   :attr:`AgentEnv.final_turn` before the step after which it will truncate the episode, so an
   environment that judges the work at the end (SWE-v0 grades the repository) judges it on that step
   instead of being cut off unjudged.
+- **Tasks**: an environment whose tasks form a list (problems, questions, instances) takes
+  ``options={"index": i}`` in ``reset`` and says how many there are in :attr:`num_tasks`, so
+  ``agentrl eval`` can enumerate them; ``reset`` without an index draws one with its seed.
 - **Seeding**: subclasses call ``await super().areset(seed=seed, options=options)`` first, the async
   twin of Gymnasium's ``super().reset(seed=seed)``; it seeds :attr:`np_random`.
 
@@ -63,6 +66,12 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
     final_turn: bool = False
     """True during the step after which a turn limit will truncate the episode (see the module
     docstring); False otherwise."""
+
+    @property
+    def num_tasks(self) -> int | None:
+        """How many tasks ``reset(options={"index": i})`` picks from (``0 <= i < num_tasks``), so
+        an evaluation can enumerate them; None for an environment that cannot."""
+        return None
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

@@ -144,6 +144,10 @@ class CodeEnv(AgentEnv):
             )
         self.tools = ToolSet(tools)
 
+    @property
+    def num_tasks(self) -> int:
+        return len(self.problems)
+
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> ResetResult:

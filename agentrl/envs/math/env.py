@@ -131,6 +131,10 @@ class MathEnv(AgentEnv):
             else None
         )
 
+    @property
+    def num_tasks(self) -> int:
+        return len(self.problems)
+
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> ResetResult:

@@ -169,6 +169,10 @@ class SearchEnv(AgentEnv):
             TagParser({"search": "query"}) if config.tool_format == "tags" else HermesParser()
         )
 
+    @property
+    def num_tasks(self) -> int:
+        return len(self.questions)
+
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> ResetResult:

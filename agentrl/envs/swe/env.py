@@ -139,6 +139,10 @@ class SWEEnv(AgentEnv):
     def _factory(self, project: Project) -> Any:
         return sandbox_factory(self.config.sandbox, self.config.sandbox_limits, image=project.image)
 
+    @property
+    def num_tasks(self) -> int:
+        return len(self.instances)
+
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> ResetResult:

@@ -1,0 +1,79 @@
+"""The numbers of an evaluation, per environment, from its episode rows (``episodes.jsonl``).
+
+Per environment: tasks, samples per task, episodes; unbiased pass@k for each requested k (the
+mean over tasks of :func:`~agentrl.evaluation.passk.pass_at_k`, with its standard error), mean
+reward, turns, tool calls and generated tokens per judged episode; and, counted apart, episodes
+that ended in an error or that the environment could not judge (infrastructure faults). Those
+enter no mean and no pass@k: a task's pass@k uses its judged samples only, and a task with fewer
+than k judged samples is left out of pass@k and counted in ``tasks_short``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl.evaluation.passk import mean_and_stderr, pass_at_k
+
+
+def summarize(rows: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """``{environment label: its numbers}`` (see the module docstring)."""
+    by_env: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_env[row["env"]].append(row)
+    return {label: _numbers(env_rows, ks) for label, env_rows in sorted(by_env.items())}
+
+
+def _numbers(rows: list[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
+    judged = [r for r in rows if r.get("error") is None and r.get("infra_error") is None]
+    tasks: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in judged:
+        tasks[row["index"]].append(row)
+    numbers: dict[str, Any] = {
+        "tasks": len({r["index"] for r in rows}),
+        "episodes": len(rows),
+        "judged": len(judged),
+        "errors": sum(r.get("error") is not None for r in rows),
+        "infra_errors": sum(
+            r.get("error") is None and r.get("infra_error") is not None for r in rows
+        ),
+    }
+    for k in ks:
+        values = [
+            pass_at_k(len(samples), sum(bool(s["passed"]) for s in samples), k)
+            for samples in tasks.values()
+            if len(samples) >= k
+        ]
+        mean, stderr = mean_and_stderr(values)
+        numbers[f"pass@{k}"] = mean
+        numbers[f"pass@{k}_stderr"] = stderr
+        numbers[f"pass@{k}_tasks"] = len(values)
+    numbers["tasks_short"] = sum(len(s) < max(ks) for s in tasks.values()) + (
+        numbers["tasks"] - len(tasks)
+    )
+    for name, value in (
+        ("reward", lambda r: float(r["reward"])),
+        ("turns", lambda r: len(json.loads(r["turns"]))),
+        ("tool_calls", lambda r: sum(m.get("role") == "tool" for m in json.loads(r["messages"]))),
+        ("completion_tokens", lambda r: sum(r["loss_mask"])),
+    ):
+        mean, stderr = mean_and_stderr([value(r) for r in judged])
+        numbers[f"{name}_mean"] = mean
+        numbers[f"{name}_stderr"] = stderr
+    return numbers
+
+
+def markdown(summary: dict[str, dict[str, Any]], ks: Sequence[int]) -> str:
+    """The summary as a Markdown table, one row per environment (mean ± standard error)."""
+    columns = [f"pass@{k}" for k in ks] + ["reward", "turns", "tool_calls", "completion_tokens"]
+    header = ["env", "tasks", "judged", "errors", "infra errors", *columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, n in summary.items():
+        cells = [label, str(n["tasks"]), str(n["judged"]), str(n["errors"]), str(n["infra_errors"])]
+        for column in columns:
+            key = column if column.startswith("pass@") else f"{column}_mean"
+            cells.append(f"{n[key]:.3f} ± {n[key.removesuffix('_mean') + '_stderr']:.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
