@@ -45,6 +45,7 @@ test: $(STAMP) lint
 	PYTHON=$(PYTHON) scripts/setup-sglang-env
 	scripts/setup-torchao-env
 	scripts/setup-openhands-env
+	scripts/setup-swebench-env
 	scripts/setup-skyrl-env
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=25
 	$(BIN)/python -m pytest -q -m serial

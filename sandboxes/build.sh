@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the sandbox images with Podman or Docker, each only when it is missing or its recipe changed.
 #
-#   sandboxes/build.sh [python|swe|all] [--force]      (default: python; --force rebuilds each one)
+#   sandboxes/build.sh [python|swe|swe-testbed|all] [--force]   (default: python; --force rebuilds each)
 #   sandboxes/build.sh swe-project PROJECT.json [--force]
 #   --no-cache: build what is out of date without the layer cache (--force implies it)
 #   --hosts URL[,URL...]: then make the images the target names available on each of these engines
@@ -16,6 +16,12 @@
 #    then one image per shipped SWE project (agentrl/envs/swe/data/projects/*.json, or those in
 #    $SWE_PROJECTS): sandboxes/swe-project/Containerfile -> localhost/agentrl-swe-<name>:<version>.
 #    `swe-project PROJECT.json` builds the base and that one project's image.
+# 4. swe-testbed (also with `swe` or `all`): one image per shipped SWE instance in SWE-bench's
+#    layout, sweb.eval.x86_64.<instance_id>:latest: its project's image plus /testbed, the base tree
+#    as a git repository at base_commit (sandboxes/swe-testbed/Containerfile; the context written
+#    by `python -m agentrl.envs.swe.testbed`, run with $AGENTRL_PYTHON [.venv/bin/python], without
+#    which `swe` and `all` skip these images and `swe-testbed` fails). Checked after the build:
+#    HEAD is base_commit and the tree is clean.
 #
 # An image is up to date when its `agentrl.recipe` label matches the hash of its Containerfile and
 # of the base image's id. Environment (defaults in brackets):
@@ -44,7 +50,7 @@ force=0
 nocache=0
 projects=()
 hosts=()
-usage="usage: sandboxes/build.sh [python|swe|all] [--force] [--hosts URL,...] | swe-project PROJECT.json [--force]"
+usage="usage: sandboxes/build.sh [python|swe|swe-testbed|all] [--force] [--hosts URL,...] | swe-project PROJECT.json [--force]"
 expect_hosts=0
 for arg in "$@"; do
   if [ "$expect_hosts" = 1 ]; then
@@ -53,7 +59,7 @@ for arg in "$@"; do
     continue
   fi
   case $arg in
-    python | swe | all | swe-project) target=$arg ;;
+    python | swe | swe-testbed | all | swe-project) target=$arg ;;
     --force) force=1 ;;
     --no-cache) nocache=1 ;;
     --hosts) expect_hosts=1 ;;
@@ -74,7 +80,7 @@ for url in ${hosts[@]+"${hosts[@]}"}; do
 done
 if [ "$target" = swe-project ]; then
   [ "${#projects[@]}" -gt 0 ] || die "swe-project needs a project file ($usage)"
-elif [ "$target" = swe ] || [ "$target" = all ]; then
+elif [ "$target" = swe ] || [ "$target" = swe-testbed ] || [ "$target" = all ]; then
   projects=("${SWE_PROJECTS:-$here/../agentrl/envs/swe/data/projects}"/*.json)
 fi
 
@@ -191,7 +197,7 @@ build_recipe() {
   if [ "$force" = 1 ] || [ "$nocache" = 1 ]; then options+=(--no-cache); fi
   local build_log
   build_log=$(mktemp -t agentrl-build.XXXXXX)
-  "$cli" build "${options[@]}" "$here/$recipe_dir" >"$build_log" 2>&1 || {
+  "$cli" build "${options[@]}" "${build_context:-$here/$recipe_dir}" >"$build_log" 2>&1 || {
     tail -n 30 "$build_log" >&2
     die "building $image failed (log: $build_log)"
   }
@@ -219,6 +225,54 @@ print(" ".join(project.get("apt_packages", [])))
   { read -r image; read -r project; read -r packages || true; } <<<"$fields" # no packages: no line
   build_recipe swe-project "$image" "$SWE_IMAGE" "APT_PACKAGES=$packages" "PROJECT=$project"
   built_images+=("$image")
+}
+
+# The shipped SWE instances' images in SWE-bench's layout (step 4 above), each built from a
+# context that `python -m agentrl.envs.swe.testbed context` writes only when the image is stale.
+build_testbeds() {
+  local python=${AGENTRL_PYTHON:-$here/../.venv/bin/python} listing image from commit id recipe
+  if [ ! -x "$python" ]; then
+    [ "$target" = swe-testbed ] && die "$python is missing: run \`make\` first (or set AGENTRL_PYTHON)"
+    log "skipping the SWE-bench-layout images: $python is missing (run \`make\`, then sandboxes/build.sh swe-testbed)"
+    return
+  fi
+  listing=$("$python" -m agentrl.envs.swe.testbed list) || die "listing the SWE instances failed"
+  # Each image's recipe label, in one call (a missing image is only missing from the output).
+  local -A have=() from_id=()
+  local stale=() file=$here/swe-testbed/Containerfile
+  while read -r id recipe; do
+    [ -n "$id" ] && have[$id]=$recipe
+  done < <(awk '{ print $1 }' <<<"$listing" | xargs "$cli" image inspect \
+    --format '{{index .Config.Labels "agentrl.swe.instance"}} {{index .Config.Labels "agentrl.recipe"}}' 2>/dev/null)
+  while read -r image from commit id; do
+    [ -n "${from_id[$from]:-}" ] || from_id[$from]=$(inspect "$from" '{{.Id}}')
+    recipe=$({
+      cat "$file"
+      echo "${from_id[$from]}"
+      printf '%s\n' "INSTANCE=$id" "BASE_COMMIT=$commit"
+    } | sha256sum | cut -c1-16)
+    if [ "$force" = 1 ] || [ "${have[$id]:-}" != "$recipe" ]; then
+      stale+=("$id")
+    else
+      log "$image: up to date"
+    fi
+    built_images+=("$image")
+  done <<<"$listing"
+  [ "${#stale[@]}" -gt 0 ] || return 0
+  local contexts
+  contexts=$(mktemp -d /var/tmp/agentrl-testbed.XXXXXX)
+  trap 'rm -rf "$contexts"' EXIT
+  "$python" -m agentrl.envs.swe.testbed context "$contexts" "${stale[@]}" ||
+    die "writing the build contexts of ${stale[*]} failed"
+  while read -r image from commit id; do
+    [ -d "$contexts/$id" ] || continue
+    local build_context=$contexts/$id # build_recipe builds from it
+    build_recipe swe-testbed "$image" "$from" "INSTANCE=$id" "BASE_COMMIT=$commit" </dev/null
+    [ "$("$cli" run --rm --network none "$image" sh -c 'git rev-parse HEAD && git status --porcelain' </dev/null)" = "$commit" ] ||
+      die "$image: /testbed is not a clean git checkout of base_commit $commit"
+  done <<<"$listing"
+  rm -rf "$contexts"
+  trap - EXIT
 }
 
 # The CLI talking to engine $1: podman --url URL, docker -H URL (TLS from DOCKER_CERT_PATH).
@@ -258,6 +312,9 @@ if [ "$target" != python ]; then
   for project in "${projects[@]}"; do
     build_project "$project"
   done
+fi
+if [ "$target" = swe ] || [ "$target" = swe-testbed ] || [ "$target" = all ]; then
+  build_testbeds
 fi
 for url in ${hosts[@]+"${hosts[@]}"}; do
   copy_images "$url" "${built_images[@]}"

@@ -1,0 +1,129 @@
+"""SWE-bench's image layout for generated SWE instances: the images' names and build contexts.
+
+SWE-bench (5.x) evaluates an instance in the container image its row names (column ``image``); its
+own images are named by :func:`swebench_image_name` (SWE-bench's ``ImageSpec.name``):
+``sweb.eval.x86_64.<instance_id>:latest``, lower-cased. An official image holds the repository
+at ``/testbed``, a git checkout at ``base_commit``, the user root, and a conda environment
+``testbed`` with the project installed, which the row's ``eval_script`` activates.
+
+Ours, built by ``sandboxes/build.sh swe-testbed`` (also run by ``swe`` and ``all``) from
+``sandboxes/swe-testbed/Containerfile``: the project's image
+(``localhost/agentrl-swe-<name>:<version>``) plus one layer, ``/testbed``, the instance's base tree
+(:func:`~agentrl.envs.swe.repo.build_base_tree`: the bug in, the hidden tests out) as a git
+repository whose HEAD is ``base_commit`` (one deterministic commit, no history that could hold
+the fix); the user root. What differs from an official image, and why:
+
+* no conda: no conda channel is reachable here. The project's environment is the image's own
+  Python (Debian's ``python3`` with pytest), already on ``PATH``, so the rows' ``eval_script``
+  (:mod:`~agentrl.envs.swe.swebench_rows`) activates nothing;
+* the project is not pip-installed: its tests import it from ``/testbed``, where ``python3 -m
+  pytest`` runs (the shipped projects are pure Python and have no dependencies beyond pytest).
+
+The build context of one image is written by :func:`write_context` (the CLI's ``context``);
+``sandboxes/build.sh`` reads the images to build from the CLI's ``list``::
+
+    python -m agentrl.envs.swe.testbed list [--instances FILE]
+        one line per instance: its image, its project's image, base_commit, instance_id
+    python -m agentrl.envs.swe.testbed context DIR INSTANCE_ID... [--instances FILE]
+        DIR/<instance_id>/testbed: the base tree, committed
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl.envs.swe.env import SHIPPED_INSTANCES
+from agentrl.envs.swe.instances import SWEInstance, load_instances
+from agentrl.envs.swe.projects import BUILD_SCRIPT, Project, load_projects, project_of
+from agentrl.envs.swe.repo import build_base_tree
+
+TESTBED = "/testbed"
+"""Where an official SWE-bench image holds the repository (the harness' working directory)."""
+
+
+def swebench_image_name(
+    instance_id: str, *, arch: str = "x86_64", tag: str = "latest", namespace: str | None = None
+) -> str:
+    """SWE-bench's name for an instance's evaluation image (``ImageSpec.name``):
+    ``sweb.eval.<arch>.<instance_id>:<tag>``, with ``<namespace>/`` in front and every ``__``
+    written ``_1776_`` when there is a namespace (Docker Hub refuses dunders), lower-cased."""
+    name = f"sweb.eval.{arch}.{instance_id}:{tag}"
+    if namespace:
+        name = f"{namespace}/{name}".replace("__", "_1776_")
+    return name.lower()
+
+
+@dataclass(frozen=True)
+class SWEBenchImage:
+    """One instance's image in SWE-bench's layout, and what it is built from."""
+
+    instance: SWEInstance
+    project: Project
+
+    @property
+    def name(self) -> str:
+        """The image, by SWE-bench's naming rule (local, no namespace)."""
+        return swebench_image_name(self.instance.instance_id)
+
+    @property
+    def build_command(self) -> str:
+        """The command that builds every shipped instance's image (as root with Podman)."""
+        return f"sudo {BUILD_SCRIPT} swe-testbed"
+
+
+def swebench_images(instances: Sequence[SWEInstance]) -> list[SWEBenchImage]:
+    """The image of each instance, with its project (from the shipped project files)."""
+    projects = load_projects()
+    return [SWEBenchImage(instance, project_of(instance, projects)) for instance in instances]
+
+
+def write_context(image: SWEBenchImage, dest: str | Path) -> Path:
+    """Write ``image``'s build context into ``dest`` (created): ``dest/testbed``, the base tree
+    committed; raises RuntimeError when its commit is not ``base_commit``. Returns ``dest``."""
+    dest = Path(dest)
+    dest.mkdir(parents=True)
+    sha = build_base_tree(image.project.sdist, image.instance, dest / "testbed")
+    if sha != image.instance.base_commit:
+        raise RuntimeError(
+            f"{image.instance.instance_id}: the rebuilt base tree is commit {sha}, "
+            f"not base_commit {image.instance.base_commit}"
+        )
+    return dest
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m agentrl.envs.swe.testbed",
+        description="Images of SWE instances in SWE-bench's layout: list them, write contexts.",
+    )
+    parser.add_argument("--instances", default=str(SHIPPED_INSTANCES), help="instances file")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="image, project image, base_commit, instance_id per line")
+    context = commands.add_parser("context", help="write DIR/<instance_id>/testbed")
+    context.add_argument("dir")
+    context.add_argument("instance_ids", nargs="+")
+    args = parser.parse_args(argv)
+
+    images = swebench_images(load_instances(args.instances))
+    if args.command == "list":
+        for image in images:
+            print(
+                image.name,
+                image.project.image,
+                image.instance.base_commit,
+                image.instance.instance_id,
+            )
+        return
+    by_id = {image.instance.instance_id: image for image in images}
+    unknown = sorted(set(args.instance_ids) - set(by_id))
+    if unknown:
+        parser.error(f"no such instance in {args.instances}: {', '.join(unknown)}")
+    for instance_id in args.instance_ids:
+        write_context(by_id[instance_id], Path(args.dir) / instance_id)
+
+
+if __name__ == "__main__":
+    main()
