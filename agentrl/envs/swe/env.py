@@ -21,8 +21,10 @@ A turn without a tool call gets a reminder. On ``submit``, or on the last turn t
 environment takes ``git diff`` of the repository against ``base_commit`` and grades
 it in a second, fresh sandbox (:mod:`agentrl.envs.swe.grading`): reward 1.0 when every
 FAIL_TO_PASS and PASS_TO_PASS test passes, else 0.0. ``info`` then holds ``resolved``, the
-passed/total counts of both lists, ``grading_reason``, ``patch_bytes`` and ``submitted`` (False
-when the turn limit ended the episode). An infrastructure failure (no grading sandbox, a
+passed/total counts of both lists, ``grading_reason``, ``patch_bytes``, ``submitted`` (False
+when the turn limit ended the episode) and ``submission``, the patch as SWE-bench's prediction
+row (``instance_id``, ``model_name_or_path``, ``model_patch``: what ``agentrl eval`` writes as
+``predictions.jsonl`` for ``swebench.harness.run_evaluation``). An infrastructure failure (no grading sandbox, a
 repository that would not set up, a sandbox whose host went away) sets ``info["infra_error"]``
 (:data:`~agentrl.envs.INFRA_ERROR`) and ends the episode; its reward means nothing. What the agent
 can cause is never one: its episode sandbox dying or refusing work before the diff (it ran its own
@@ -215,6 +217,12 @@ class SWEEnv(AgentEnv):
         finally:
             await self._end_episode()
         info: dict[str, Any] = {"patch_bytes": len(diff.stdout.encode())}
+        if diff.exit_code == 0 and not diff.truncated:  # SWE-bench's prediction row
+            info["submission"] = {
+                "instance_id": instance.instance_id,
+                "model_name_or_path": None,  # the model's name: agentrl eval fills it in
+                "model_patch": diff.stdout,
+            }
         if diff.exit_code != 0 or diff.truncated:
             # The agent can break its own repository (delete .git, rewrite objects): its fault.
             why = (

@@ -89,6 +89,10 @@ async def test_the_tag_format_edits_with_str_replace_and_submits(tmp_path):
     finally:
         await env.aclose()
     assert (reward, done, info["resolved"]) == (1.0, True, True), info
+    submission = info["submission"]  # SWE-bench's prediction row: the diff, applicable as is
+    assert submission["instance_id"] == TOOLZ and submission["model_name_or_path"] is None
+    assert submission["model_patch"].startswith(f"diff --git a/{path} b/{path}\n")
+    assert len(submission["model_patch"].encode()) == info["patch_bytes"]
 
 
 async def test_the_turn_limit_grades_the_work_as_it_stands():
@@ -108,6 +112,7 @@ async def test_the_turn_limit_grades_the_work_as_it_stands():
     )
     assert info["fail_to_pass_passed"] == 0 and info["fail_to_pass_total"] == 1
     assert info["pass_to_pass_passed"] == 50 and info["patch_bytes"] == 0
+    assert info["submission"]["model_patch"] == ""  # an empty prediction: SWE-bench grades it too
 
 
 async def test_the_fix_cannot_be_read_from_git():
