@@ -330,11 +330,19 @@ def _remove_when_made(creating: asyncio.Future[Any]) -> None:
 
 
 def _remove(container: Any) -> bool:
-    """Force-remove ``container``; podman 4.3 can answer 500 for one that just exited: retry.
+    """Force-remove ``container`` (an SDK container object); see :func:`remove_by_id`."""
+    return remove_by_id(container.client, container.id)
+
+
+def remove_by_id(client: Any, container_id: str) -> bool:
+    """Force-remove container ``container_id`` on ``client``'s engine, by id alone: no inspect
+    first, which Podman 4.3 can answer with a 500 for a container its SIGKILLed service left
+    half-way (its DELETE still works). It answers 500 for one that just exited: retried.
 
     An engine that no longer answers cannot remove anything: that is logged, not raised (closing
     a sandbox never raises for a dead box), and False is returned; ``ContainerHosts`` removes it
-    when the engine answers again, ``remove_orphans`` once this process is gone.
+    when the engine answers again, ``remove_orphans`` once this process is gone. Another engine
+    error raises ``docker.errors.APIError`` after five tries.
     """
     import docker
     import requests
@@ -342,7 +350,7 @@ def _remove(container: Any) -> bool:
     attempts = 0
     while True:
         try:
-            container.remove(force=True)
+            client.api.remove_container(container_id, force=True)
             return True
         except docker.errors.NotFound:
             return True
@@ -353,7 +361,7 @@ def _remove(container: Any) -> bool:
             time.sleep(0.1 * attempts)
         except requests.exceptions.ConnectionError as exc:
             log.warning(
-                "container %s was not removed, its engine is unreachable: %s", container.id, exc
+                "container %s was not removed, its engine is unreachable: %s", container_id, exc
             )
             return False
 

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from agentrl.tools.container import DEFAULT_IMAGE, ContainerSandbox, _remove
+from agentrl.tools.container import DEFAULT_IMAGE, ContainerSandbox, remove_by_id
 from agentrl.tools.sandbox import SandboxError, SandboxLimits
 
 ENV_VAR = "AGENTRL_SANDBOX_HOSTS"
@@ -333,6 +333,7 @@ class ContainerHosts:
         and why is returned (None: nothing is left). One remover at a time: a second caller waits
         for the first, then finds what the first could not remove."""
         import docker
+        import requests
 
         with host.removing:
             with self._lock:
@@ -344,23 +345,26 @@ class ContainerHosts:
                 client = host.config.client(timeout=self._remove_timeout_s)
                 for container_id in sorted(ids):
                     try:
-                        container = client.containers.get(container_id)
-                    except docker.errors.NotFound:
-                        ids.discard(container_id)
+                        removed = remove_by_id(client, container_id)
+                    except (docker.errors.APIError, requests.Timeout) as exc:  # this one only
+                        reason = f"{type(exc).__name__}: {exc}"
                         continue
-                    if not _remove(container):
+                    if not removed:
                         reason = "its engine does not answer"
                         break
                     ids.discard(container_id)
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"
-                log.info(
-                    "container host %s could not remove leftovers yet: %s", host.config.name, reason
-                )
             finally:
                 if client is not None:
                     client.close()
                 if ids:
+                    log.info(
+                        "container host %s could not remove %d leftovers yet: %s",
+                        host.config.name,
+                        len(ids),
+                        reason,
+                    )
                     with self._lock:
                         host.leftovers |= ids
                         host.next_check = time.monotonic() + self._retry_after_s

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.tools import SandboxCrashed, SandboxError, SandboxLimits, SandboxPool, sandbox_factory
-from agentrl.tools.container import LABEL
+from agentrl.tools.container import LABEL, remove_by_id
 from agentrl.tools.container_hosts import ENV_VAR, ContainerHosts, HostConfig
 from bench.podman_services import PodmanService
 
@@ -202,6 +202,25 @@ async def test_close_removes_what_a_dead_host_left_and_says_when_it_cannot(two_s
     assert _exists(box.container_id)
     assert f"1 sandbox containers are left on container host {a.url} (" in caplog.text
     assert "does not answer" in caplog.text
+
+
+@pytest.mark.slow
+async def test_remove_by_id_removes_a_container_without_inspecting_it(two_services, caplog):
+    a, _ = two_services
+    hosts = ContainerHosts([a.url])
+    try:
+        box = await hosts.start(LIMITS)
+        client = HostConfig(a.url).client()
+        assert remove_by_id(client, box.container_id) and not _exists(box.container_id)
+        assert remove_by_id(client, box.container_id)  # already gone: nothing to do
+        other = await hosts.start(LIMITS)
+        a.kill()
+        assert not remove_by_id(client, other.container_id)  # the engine is gone: logged only
+        assert "its engine is unreachable" in caplog.text and _exists(other.container_id)
+        client.close()
+        await box.close()
+    finally:
+        hosts.close()
 
 
 @pytest.fixture
