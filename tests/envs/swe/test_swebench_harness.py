@@ -22,13 +22,17 @@ import time
 from pathlib import Path
 
 import docker
+import gymnasium
 import pytest
 from test_swe_grading import grade_patch
 
+from agentrl.engine_pool import GenerateResult
 from agentrl.envs.swe import load_instances
 from agentrl.envs.swe.env import SHIPPED_INSTANCES
 from agentrl.envs.swe.swebench_rows import write_rows
 from agentrl.envs.swe.testbed import swebench_images
+from agentrl.evaluation import EvalConfig, evaluate
+from agentrl.evaluation.report import write_reports
 
 pytestmark = pytest.mark.slow
 
@@ -66,22 +70,25 @@ def require_harness() -> None:
 
 
 def run_harness(workdir: Path, kind: str) -> dict[str, bool]:
-    """Run the harness on ``kind`` predictions in ``workdir``; each instance's verdict, read
-    from its ``report.json`` (or, for an instance the harness did not run, the run report)."""
+    """The harness's verdicts on ``kind`` predictions for every shipped instance."""
+    rows = [
+        {
+            "instance_id": i.instance_id,
+            "model_patch": PREDICTIONS[kind](i),
+            "model_name_or_path": kind,
+        }
+        for i in INSTANCES
+    ]
+    return harness_on(workdir, rows, kind)
+
+
+def harness_on(workdir: Path, rows: list[dict], kind: str) -> dict[str, bool]:
+    """Run the harness on prediction ``rows`` (``workdir`` holds ``rows.jsonl``, the dataset;
+    ``kind`` is the run id and every row's model name); each instance's verdict, read from its
+    ``report.json`` (or, for an instance the harness did not run, the run report)."""
     predictions = workdir / f"{kind}.jsonl"
-    predictions.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "instance_id": i.instance_id,
-                    "model_patch": PREDICTIONS[kind](i),
-                    "model_name_or_path": kind,
-                }
-            )
-            + "\n"
-            for i in INSTANCES
-        )
-    )
+    predictions.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    instances = [i for i in INSTANCES if i.instance_id in {r["instance_id"] for r in rows}]
     command = [
         str(VENV_PYTHON), "-m", "swebench.harness.run_evaluation",
         "--dataset_name", "rows.jsonl", "--predictions_path", predictions.name,
@@ -104,7 +111,7 @@ def run_harness(workdir: Path, kind: str) -> dict[str, bool]:
         pytest.fail(f"the harness failed ({result.returncode}):\n{result.stderr[-4000:]}")
     summary = json.loads(run_report.read_text())
     verdicts = {}
-    for instance in INSTANCES:
+    for instance in instances:
         report = workdir / "logs" / "run_evaluation" / kind / kind / instance.instance_id
         if (report / "report.json").exists():
             data = json.loads((report / "report.json").read_text())
@@ -148,3 +155,75 @@ async def test_the_harness_and_swe_v0_agree_instance_by_instance(kind, harness_v
     expected = dict.fromkeys(harness, EXPECTED[kind])
     assert harness == expected, f"the harness on {kind} predictions"
     assert ours == harness, f"SWE-v0 and the harness on {kind} predictions"
+
+
+class ScriptedSWEPolicy:
+    """A scripted policy for SWE-v0 through its Hermes tools: per instance, apply the gold patch
+    (``"gold"``), append a comment to the buggy file (``"wrong"``: a non-empty patch that leaves
+    the bug), or change nothing (``"none"``); then submit. The task index comes from the
+    runner's session id (``env:task:sample:seed``)."""
+
+    weight_version = 0
+
+    def __init__(self, tokenizer, instances, plans):
+        self.tokenizer, self.instances, self.plans = tokenizer, instances, plans
+        self.end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.turns: dict[str, int] = {}
+
+    def command(self, instance) -> str:
+        plan = self.plans[instance.instance_id]
+        if plan == "gold":
+            return f"git apply <<'AGENTRL_EOF'\n{instance.patch}AGENTRL_EOF"
+        if plan == "wrong":
+            return f"echo '# looked at this' >> {instance.agentrl_taskgen.file}"
+        return "git status --short"
+
+    async def generate(self, input_ids, sampling, session_id=None):
+        index = int(session_id.rsplit(":", 3)[1])
+        turn = self.turns[session_id] = self.turns.get(session_id, -1) + 1
+        call = (
+            {"name": "bash", "arguments": {"command": self.command(self.instances[index])}}
+            if turn == 0
+            else {"name": "submit", "arguments": {}}
+        )
+        text = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.end_of_turn]
+        return GenerateResult(ids, [0.0] * len(ids), "stop", 0, [0] * len(ids), len(input_ids))
+
+
+async def test_agentrl_eval_writes_predictions_the_harness_grades_as_swe_v0_did(
+    tokenizer, tmp_path
+):
+    """issue 32, point 2: ``agentrl eval`` on SWE-v0 writes SWE-bench's predictions file, the
+    harness accepts it, and its verdicts are SWE-v0's."""
+    require_harness()
+    by_project = {}
+    for instance in INSTANCES:
+        by_project.setdefault(instance.agentrl_taskgen.project, instance)
+    chosen = list(by_project.values())[:3]
+    plans = dict(zip([i.instance_id for i in chosen], ["gold", "wrong", "none"], strict=False))
+    config = EvalConfig.build(
+        "test config",
+        {
+            "env": {
+                "id": "agentrl/SWE-v0",
+                "kwargs": {"sandbox": "bwrap", "instance_ids": list(plans)},
+            },
+            "eval": {"k": 1, "output_dir": str(tmp_path / "eval"), "concurrency": 2},
+        },
+    )
+    order = gymnasium.make("agentrl/SWE-v0", instance_ids=list(plans)).unwrapped.instances
+    rows = await evaluate(config, ScriptedSWEPolicy(tokenizer, order, plans), tokenizer)
+    write_reports(rows, [1], tmp_path / "eval", "scripted-policy")
+    ours = {json.loads(r["submission"])["instance_id"]: r["passed"] for r in rows}
+    assert ours == {i: plans[i] == "gold" for i in plans}, rows
+
+    predictions = tmp_path / "eval" / "submissions" / "SWE-v0.jsonl"
+    submitted = [json.loads(line) for line in predictions.read_text().splitlines()]
+    assert {p["model_name_or_path"] for p in submitted} == {"scripted-policy"}
+    assert all(sorted(p) == ["instance_id", "model_name_or_path", "model_patch"] for p in submitted)
+    workdir = tmp_path / "harness"
+    workdir.mkdir()
+    write_rows([i for i in INSTANCES if i.instance_id in plans], workdir / "rows.jsonl")
+    verdicts = harness_on(workdir, submitted, "scripted-policy")
+    assert verdicts == ours
