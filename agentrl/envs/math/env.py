@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import datasets
 from pydantic import Field
@@ -35,6 +35,7 @@ from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
 from agentrl.envs.math.dataset import Format, MathProblem, last_boxed, read_dataset, to_problems
 from agentrl.envs.math.generated import generate_problems
 from agentrl.envs.math.verifier import shared_pool
+from agentrl.envs.splits import SPLITS, Split
 from agentrl.tools import (
     EpisodeSandbox,
     HermesParser,
@@ -63,7 +64,9 @@ class MathConfig(Config):
     columns: dict[str, str] | None = None
     """Rename source columns to `question` and `answer`, e.g. {"question": "prompt", "answer": "target"}."""
     split: str = "train"
-    """Split to use when `dataset` is a DatasetDict."""
+    """Which tasks: a DatasetDict's split when `dataset` is one; for the generated set, "train"
+    or "test", disjoint held-out splits by question text (`agentrl.envs.splits`); ignored for a
+    file or a single Dataset, which is used whole."""
     generated_count: int = Field(1000, ge=1)
     """Size of the built-in generated set."""
     generated_seed: int = 0
@@ -239,8 +242,15 @@ def extract_answer(text: str, answer_format: str) -> str | None:
 
 def load_problems(config: MathConfig) -> list[MathProblem]:
     if config.dataset is None:
+        if config.split not in SPLITS:
+            raise ValueError(
+                f"agentrl/Math-v0: the generated set has the splits {SPLITS}, not {config.split!r}"
+            )
         return _generated(
-            config.generated_count, config.generated_seed, config.generated_difficulty
+            config.generated_count,
+            config.generated_seed,
+            config.generated_difficulty,
+            cast(Split, config.split),
         )
     if isinstance(config.dataset, (str, Path)):
         path = Path(config.dataset).expanduser().resolve()
@@ -256,8 +266,8 @@ def load_problems(config: MathConfig) -> list[MathProblem]:
 
 
 @cache
-def _generated(count: int, seed: int, difficulty: int) -> list[MathProblem]:
-    return generate_problems(count, seed, difficulty)
+def _generated(count: int, seed: int, difficulty: int, split: Split) -> list[MathProblem]:
+    return generate_problems(count, seed, difficulty, split)
 
 
 @cache

@@ -6,22 +6,38 @@ reward has signal for learning runs); 2 chains two operations; 3 chains three wi
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from agentrl.envs.math.dataset import MathProblem
+from agentrl.envs.splits import SPLITS, Split, split_of
 
 _NAMES = ("Ava", "Ben", "Chen", "Dana", "Eli", "Fatima", "Goran", "Hana", "Ivan", "Jia")
 _ITEMS = ("apples", "marbles", "books", "stickers", "coins", "pencils", "shells", "cards")
 
 
-def generate_problems(count: int, seed: int = 0, difficulty: int = 1) -> list[MathProblem]:
-    """``count`` problems; the same (count, seed, difficulty) always gives the same list."""
+def generate_problems(
+    count: int, seed: int = 0, difficulty: int = 1, split: Split | None = None
+) -> list[MathProblem]:
+    """``count`` problems; the same arguments always give the same list. With ``split``, only
+    problems of that held-out split (:mod:`agentrl.envs.splits`, by question text) are kept from
+    the same stream, so the ``"train"`` and ``"test"`` sets never share a question."""
     if difficulty not in (1, 2, 3):
         raise ValueError(f"difficulty must be 1, 2 or 3, got {difficulty}")
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     rng = np.random.default_rng([seed, difficulty])
-    return [_problem(rng, i, difficulty) for i in range(count)]
+    problems: list[MathProblem] = []
+    for index in itertools.count():
+        problem = _problem(rng, index, difficulty)
+        if split is None or split_of(problem.question) == split:
+            problems.append(problem)
+            if len(problems) == count:
+                return problems
+    raise AssertionError("unreachable")
 
 
 def _problem(rng: np.random.Generator, index: int, difficulty: int) -> MathProblem:

@@ -85,7 +85,9 @@ class SearchConfig(Config):
     columns: dict[str, str] | None = None
     """Rename source columns to `question` / `golden_answers`, e.g. {"question": "query"}."""
     split: str = "train"
-    """Split to use when `dataset` is a DatasetDict."""
+    """Which questions: a DatasetDict's split when `dataset` is one; for the shipped set, "train"
+    or "test", held out by answer so that no test answer is a train answer
+    (`agentrl.envs.splits`); a file or a single Dataset is used whole."""
     retriever_url: str | None = None
     """A Search-R1-style /retrieve endpoint, e.g. http://127.0.0.1:8000/retrieve."""
     index: str | Path | None = None

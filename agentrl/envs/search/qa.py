@@ -26,11 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import datasets
 
 from agentrl.envs.data_files import read_data_file
+from agentrl.envs.splits import SPLITS, Split, answer_group_keys, split_of
 
 DATA_DIR = Path(__file__).parent / "data"
 SHIPPED_QUESTIONS = DATA_DIR / "wordnet_questions.jsonl"
@@ -84,10 +85,18 @@ def read_questions(
     columns: dict[str, str] | None = None,
 ) -> list[Question]:
     """Questions from a file (.jsonl/.json/.parquet), a ``datasets`` object (``split`` picks a
-    ``DatasetDict``'s), or the shipped set (``None``). ``columns`` maps ``question`` /
-    ``golden_answers`` to the source's column names."""
+    ``DatasetDict``'s), or the shipped set (``None``: ``split`` is ``"train"`` or ``"test"``,
+    held out by answer, :func:`held_out`). ``columns`` maps ``question`` / ``golden_answers`` to
+    the source's column names. A file or a single Dataset is used whole."""
     if source is None:
-        source = SHIPPED_QUESTIONS
+        if split not in SPLITS:
+            raise ValueError(
+                f"agentrl/Search-v0: the shipped questions have the splits {SPLITS}, not {split!r}"
+            )
+        return held_out(
+            list(_from_file(str(SHIPPED_QUESTIONS), SHIPPED_QUESTIONS.stat().st_mtime_ns, ())),
+            cast(Split, split),
+        )
     if isinstance(source, (str, Path)):
         path = Path(source).expanduser().resolve()
         if not path.is_file():
@@ -97,6 +106,14 @@ def read_questions(
     if isinstance(source, datasets.DatasetDict):
         source = source[split]
     return to_questions(source, columns)
+
+
+def held_out(questions: list[Question], split: Split) -> list[Question]:
+    """The questions of ``split``, grouped by answer so that no test answer is a train answer
+    (:func:`agentrl.envs.splits.answer_group_keys` over the normalised gold answers)."""
+    answers = [sorted({normalize_answer(a) for a in q.golden_answers}) for q in questions]
+    keys = answer_group_keys(answers)
+    return [q for q, key in zip(questions, keys, strict=True) if split_of(key) == split]
 
 
 def to_questions(
