@@ -31,6 +31,15 @@ can cause is never one: its episode sandbox dying or refusing work before the di
 commands there) scores 0, and so does everything :mod:`agentrl.envs.swe.grading` blames on the
 patch. The diff does not depend on the agent's git settings, and grading reads the changed files
 from the patched tree itself.
+
+**Benchmark rows on their own images.** Instances read from a benchmark's rows (``harness`` set:
+SWE-bench 5 rows, ``load_instances(path, format="swebench5")``) run on the image the row names,
+in its layout: the repository at ``harness.repo_dir`` (``/testbed``), the tools' shell in it with
+the row's environment activated, graded in a fresh container of the image by the row's
+``eval_script`` and swebench's own log parser and grading, as SWE-bench's harness does
+(:mod:`agentrl.envs.swe.image_harness`, which says what that path guarantees and what it does
+not). Only ``sandbox="container"`` runs them; a row without an ``eval_script`` or whose image the
+engine lacks is refused at construction, with the command that builds or pulls the image.
 """
 
 from __future__ import annotations
@@ -43,7 +52,8 @@ from pydantic import Field
 
 from agentrl.config import Config
 from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
-from agentrl.envs.swe.grading import GIT_ENV, GIT_OPTIONS, MAX_PATCH_BYTES, grade
+from agentrl.envs.swe.grading import GIT_ENV, GIT_OPTIONS, MAX_PATCH_BYTES, SWEGrade, grade
+from agentrl.envs.swe.image_harness import ImageRepos, check_images, check_rows, grade_in_image
 from agentrl.envs.swe.instances import SWEInstance, load_instances
 from agentrl.envs.swe.projects import SHIPPED_PROJECTS, Project, load_projects, project_of
 from agentrl.envs.swe.workspace import REPO_DIR, BaseTrees, WorkspaceError, checkout
@@ -69,7 +79,7 @@ _GIT = (
     "-c diff.relative=false -c diff.suppressBlankEmpty=false"
 )
 _DIFF_SH = (
-    f"cd {REPO_DIR} && {_GIT} add -A -- . "
+    'cd "$2" && ' + f"{_GIT} add -A -- . "
     "':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/.pytest_cache/**' && "
     f"{_GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv --no-relative "
     '--unified=3 --src-prefix=a/ --dst-prefix=b/ "$1"'
@@ -81,6 +91,9 @@ class SWEConfig(Config):
 
     instances: str | Path | None = None
     """A .jsonl/.json/.parquet file of generated instances; None uses the shipped set."""
+    instance_format: str = "auto"
+    """The rows' format (:func:`~agentrl.envs.swe.instances.load_instances`): ``"swebench5"``
+    runs SWE-bench 5 rows on their own images; ``"auto"`` picks by the columns."""
     instance_ids: list[str] | None = None
     """Restrict the episodes to these instance ids."""
     projects: str | Path = SHIPPED_PROJECTS
@@ -111,12 +124,30 @@ class SWEEnv(AgentEnv):
     def __init__(self, **kwargs: Any):
         self.config = config = SWEConfig.build("agentrl/SWE-v0", kwargs)
         self.instances = _select(
-            load_instances(config.instances or SHIPPED_INSTANCES), config.instance_ids
+            load_instances(config.instances or SHIPPED_INSTANCES, format=config.instance_format),
+            config.instance_ids,
         )
-        known = load_projects(config.projects)
-        self.projects = {i.instance_id: project_of(i, known) for i in self.instances}
+        harnessed = [i for i in self.instances if i.harness is not None]
+        if harnessed and len(harnessed) < len(self.instances):
+            raise ValueError("agentrl/SWE-v0: give generated instances and benchmark rows apart")
+        repo_dirs = {i.harness.repo_dir for i in harnessed if i.harness is not None}
+        self.repo_dir = repo_dirs.pop() if harnessed else REPO_DIR
+        if repo_dirs:
+            raise ValueError("agentrl/SWE-v0: the rows' repositories lie in different directories")
+        self.image_repos: ImageRepos | None = None
+        if harnessed:
+            check_rows(harnessed, config.sandbox)
+            self.image_repos = ImageRepos(config.sandbox_limits)
+            try:
+                check_images(harnessed, self.image_repos.client)
+            except BaseException:
+                self.image_repos.close()
+                raise
+        known = load_projects(config.projects) if not harnessed else {}
+        self.projects = {i.instance_id: project_of(i, known) for i in self.instances if known}
         self.instance: SWEInstance | None = None
         self.sandbox: Sandbox | None = None
+        self._base = ""  # the commit the episode's diff is taken against
         self._runner_checked = False
         editor = config.tool_set == "str_replace_editor"
         tools = sandbox_tools(
@@ -124,14 +155,14 @@ class SWEEnv(AgentEnv):
             timeout=config.tool_timeout,
             max_output_bytes=config.tool_max_output_bytes,
             names=("bash",) if editor else ("bash", "view", "create_file", "str_replace"),
-            workdir=REPO_DIR,
+            workdir=self.repo_dir,
         )
         tools = [
             dataclasses.replace(t, name="create") if t.name == "create_file" else t for t in tools
         ]
         if editor:
             sandbox_editor = SandboxEditor(
-                self._episode_sandbox, workspace_root=REPO_DIR, timeout=config.tool_timeout
+                self._episode_sandbox, workspace_root=self.repo_dir, timeout=config.tool_timeout
             )
             tools.append(sandbox_editor.tool())
         tools.append(Tool.from_function(submit))
@@ -156,7 +187,30 @@ class SWEEnv(AgentEnv):
         if not 0 <= index < len(self.instances):
             raise IndexError(f"options['index']={index} is outside 0..{len(self.instances) - 1}")
         self.instance = instance = self.instances[index]
+        if self.image_repos is not None:
+            await self._start_in_image(instance, self.image_repos)
+        else:
+            await self._start_generated(instance)
+        messages = [
+            {
+                "role": "system",
+                "content": self.config.system_prompt or self.default_system_prompt(),
+            },
+            {"role": "user", "content": self._task(instance)},
+        ]
+        return messages, {"tools": self.tools.schemas(), "instance_id": instance.instance_id}
+
+    async def _start_in_image(self, instance: SWEInstance, repos: ImageRepos) -> None:
+        try:
+            self.sandbox, self._base = await repos.start(instance, activate=True)
+        except SandboxError as exc:
+            raise RuntimeError(
+                f"agentrl/SWE-v0: cannot start {instance.instance_id!r}: {exc}"
+            ) from exc
+
+    async def _start_generated(self, instance: SWEInstance) -> None:
         project = self.projects[instance.instance_id]
+        self._base = instance.base_commit
         archive = _TREES.archive(instance, project.sdist)
         try:
             self.sandbox = await self._factory(project)()
@@ -172,14 +226,6 @@ class SWEEnv(AgentEnv):
             raise RuntimeError(
                 f"agentrl/SWE-v0: cannot start {instance.instance_id!r}: {exc}{hint}"
             ) from exc
-        messages = [
-            {
-                "role": "system",
-                "content": self.config.system_prompt or self.default_system_prompt(),
-            },
-            {"role": "user", "content": self._task(instance)},
-        ]
-        return messages, {"tools": self.tools.schemas(), "instance_id": instance.instance_id}
 
     async def astep(self, action: str) -> StepResult:
         if self.instance is None or self.sandbox is None:
@@ -200,10 +246,10 @@ class SWEEnv(AgentEnv):
 
     async def _grade(self) -> tuple[float, dict[str, Any]]:
         assert self.instance is not None and self.sandbox is not None
-        instance, project = self.instance, self.projects[self.instance.instance_id]
+        instance = self.instance
         try:
             diff = await self.sandbox.exec(
-                ["sh", "-c", _DIFF_SH, "sh", instance.base_commit],
+                ["sh", "-c", _DIFF_SH, "sh", self._base, self.repo_dir],
                 timeout=120,
                 max_output_bytes=MAX_PATCH_BYTES + 1,
             )
@@ -231,19 +277,27 @@ class SWEEnv(AgentEnv):
                 else f"failed: {diff.stderr.strip()[-500:]}"
             )
             return 0.0, info | {"resolved": False, "grading_reason": f"git diff {why}"}
-        result = await grade(
+        result = await self._grade_patch(instance, diff.stdout)
+        info |= result.info() | {"reward_components": {"resolved": float(result.resolved)}}
+        if result.infra_error is not None:
+            info[INFRA_ERROR] = result.infra_error
+        return float(result.resolved), info
+
+    async def _grade_patch(self, instance: SWEInstance, patch: str) -> SWEGrade:
+        if self.image_repos is not None:
+            return await grade_in_image(
+                instance, patch, repos=self.image_repos, timeout=self.config.test_timeout
+            )
+        project = self.projects[instance.instance_id]
+        return await grade(
             instance,
-            diff.stdout,
+            patch,
             sandboxes=self._factory(project),
             archive=_TREES.archive(instance, project.sdist),
             test_command=project.spec.test_command,
             test_env=project.spec.test_env,
             timeout=self.config.test_timeout,
         )
-        info |= result.info() | {"reward_components": {"resolved": float(result.resolved)}}
-        if result.infra_error is not None:
-            info[INFRA_ERROR] = result.infra_error
-        return float(result.resolved), info
 
     async def _check_runner(self, sandbox: Sandbox) -> None:
         """Once per environment: the sandbox has what episodes and grading need (bwrap sees the
@@ -264,6 +318,9 @@ class SWEEnv(AgentEnv):
 
     async def aclose(self) -> None:
         await self._end_episode()
+        if self.image_repos is not None:
+            self.image_repos.close()
+            self.image_repos = None
 
     async def _episode_sandbox(self) -> Sandbox:
         if self.sandbox is None:
@@ -278,7 +335,7 @@ class SWEEnv(AgentEnv):
     def _task(self, instance: SWEInstance) -> str:
         return (
             f"The repository {instance.repo} (version {instance.version}) is checked out in "
-            f"{REPO_DIR}. Resolve this issue:\n\n{instance.problem_statement.strip()}\n\n"
+            f"{self.repo_dir}. Resolve this issue:\n\n{instance.problem_statement.strip()}\n\n"
             "Change the source files, not the tests; call submit when you are done."
         )
 
@@ -288,7 +345,7 @@ class SWEEnv(AgentEnv):
     def _call_examples(self) -> str:
         examples = [
             ToolCall("bash", {"command": "grep -rn 'def ' --include=*.py | head"}),
-            *_FILE_EXAMPLES[self.config.tool_set],
+            *_file_examples(self.config.tool_set, self.repo_dir),
             ToolCall("submit", {}),
         ]
         return "For example:\n" + "\n".join(self.parser.format(call) for call in examples)
@@ -298,35 +355,40 @@ class SWEEnv(AgentEnv):
             "You are a software engineer fixing a bug in a Python repository inside a sandbox "
             "without network access. Explore the code, reproduce the problem, edit the source "
             f"and run the tests with bash. Tools: {', '.join(self.tools.names[:-1])} and submit. "
-            f"{_FILE_NOTES[self.config.tool_set]}{self._call_examples()}\nThe work is graded by hidden tests when you submit or "
+            f"The repository is {self.repo_dir}. "
+            f"{_file_notes(self.config.tool_set, self.repo_dir)}{self._call_examples()}\nThe work is graded by hidden tests when you submit or "
             "your turns run out."
         )
 
 
-_FILE_NOTES = {
-    "agentrl": "",
-    "str_replace_editor": "str_replace_editor's commands are view (a file, or a directory two "
-    "levels deep), create (new files only), str_replace, insert and undo_edit; its paths are "
-    f"absolute (the repository is {REPO_DIR}). ",
-}
-_FILE_EXAMPLES = {
-    "agentrl": [
-        ToolCall("view", {"path": "README.md", "start_line": 1, "end_line": 20}),
-        ToolCall("str_replace", {"path": "pkg/mod.py", "old": "a < b", "new": "a <= b"}),
-    ],
-    "str_replace_editor": [
-        ToolCall("str_replace_editor", {"command": "view", "path": REPO_DIR}),
+def _file_notes(tool_set: str, repo_dir: str) -> str:
+    if tool_set == "agentrl":
+        return ""
+    return (
+        "str_replace_editor's commands are view (a file, or a directory two levels deep), "
+        "create (new files only), str_replace, insert and undo_edit; its paths are absolute "
+        f"(the repository is {repo_dir}). "
+    )
+
+
+def _file_examples(tool_set: str, repo_dir: str) -> list[ToolCall]:
+    if tool_set == "agentrl":
+        return [
+            ToolCall("view", {"path": "README.md", "start_line": 1, "end_line": 20}),
+            ToolCall("str_replace", {"path": "pkg/mod.py", "old": "a < b", "new": "a <= b"}),
+        ]
+    return [
+        ToolCall("str_replace_editor", {"command": "view", "path": repo_dir}),
         ToolCall(
             "str_replace_editor",
             {
                 "command": "str_replace",
-                "path": f"{REPO_DIR}/pkg/mod.py",
+                "path": f"{repo_dir}/pkg/mod.py",
                 "old_str": "a < b",
                 "new_str": "a <= b",
             },
         ),
-    ],
-}
+    ]
 
 
 def submit() -> str:
