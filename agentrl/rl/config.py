@@ -19,6 +19,7 @@ from agentrl.models import ModelConfig
 from agentrl.rl.critic import CriticConfig
 from agentrl.rl.engines import EnginesConfig
 from agentrl.rl.objective import CRITIC_ADVANTAGE, AlgorithmConfig
+from agentrl.rl.validation import ValidationConfig
 from agentrl.rollout.mixture import EnvConfig
 from agentrl.rollout.runner import RolloutConfig
 from agentrl.rollout.stream import StreamConfig
@@ -71,6 +72,8 @@ class TrainConfig(RunConfig):
     critic: CriticConfig = CriticConfig()
     """The value model of ``algorithm.advantage=gae`` (refused away from its defaults otherwise)."""
     trainer: TrainerConfig = TrainerConfig()
+    eval: ValidationConfig = ValidationConfig()
+    """Held-out validation during training (:mod:`agentrl.rl.validation`)."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:

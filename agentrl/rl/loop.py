@@ -24,7 +24,10 @@ that runs episodes against them in the background. Each step:
    ``stream.partial_rollouts="abort"`` in-flight generations are aborted first and continued
    by the runner, with ``"pause"`` the engine carries them across the update), and the stream
    may launch one more step's groups;
-4. metrics go to ``metrics.jsonl`` / TensorBoard and the progress display; checkpoints are saved
+4. every ``eval.every`` steps, rank 0 validates the new weights on held-out tasks
+   (:mod:`agentrl.rl.validation`: ``agentrl eval``'s evaluation on the same engines, the stream
+   running meanwhile), and the ``val/*`` numbers join the step's metrics;
+5. metrics go to ``metrics.jsonl`` / TensorBoard and the progress display; checkpoints are saved
    every ``trainer.checkpoint_every`` steps and at the end.
 
 Stopping. :meth:`Trainer.request_stop` (the launcher wires it to Ctrl-C) stops at the next safe
@@ -69,6 +72,7 @@ from agentrl.rl.config import TrainConfig
 from agentrl.rl.critic import Critic, load_value_model, value_model_from_policy
 from agentrl.rl.engines import EMBEDDED, RolloutEngines, start_engines, sync_engines
 from agentrl.rl.objective import CRITIC_ADVANTAGE, EXTREME_KEYS, Objective
+from agentrl.rl.validation import validate, validation_config
 from agentrl.rollout.mixture import EnvMixture
 from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.rollout.stream import Group, RolloutStream
@@ -77,6 +81,7 @@ from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_fro
 from agentrl.training.distributed import init_distributed
 from agentrl.training.metrics import MetricsLogger
 from agentrl.training.packing import pack_for_rank
+from agentrl.training.plots import DEFAULT_KEYS as DEFAULT_CURVES
 from agentrl.training.plots import plot_curves
 from agentrl.training.progress import DEFAULT_PROGRESS_KEYS, TrainProgress
 
@@ -96,6 +101,8 @@ class RunSummary:
     curves: Path | None
     exported: Path | None
     last_metrics: dict[str, float] = field(default_factory=dict)
+    validation: dict[int, dict[str, float]] = field(default_factory=dict)
+    """The ``val/*`` metrics of each validation this run made, by step (``eval``)."""
 
 
 class Trainer:
@@ -122,6 +129,8 @@ class Trainer:
         """The value model of ``algorithm.advantage=gae`` (every rank), else None."""
         self.last_batch: TrainingBatch | None = None
         """The batch of the latest step (rank 0: with its metrics; other ranks: sequences)."""
+        self.validations: dict[int, dict[str, float]] = {}
+        """The ``val/*`` metrics of each validation of this run, by step (rank 0)."""
 
     # -- set-up and tear-down ----------------------------------------------------------------
 
@@ -307,6 +316,11 @@ class Trainer:
         interrupted = False
         with self._progress(first) as progress:
             self.progress = progress
+            if self.actor.step == 0 and self.config.eval.before_training:
+                initial = await self._validate()
+                if self.is_main:
+                    assert self.metrics is not None
+                    self.metrics.log(0, initial)
             while self.actor.step < cfg.steps:
                 record = await self.step()
                 if record is None:
@@ -339,6 +353,7 @@ class Trainer:
             curves,
             exported if self.is_main else None,
             last,
+            dict(self.validations),
         )
 
     async def step(self) -> dict[str, float] | None:
@@ -366,6 +381,7 @@ class Trainer:
         sync_s = time.perf_counter() - sync_start
         if self.stream is not None:
             self.stream.advance()
+        validation = await self._validate() if self.config.eval.due(self.actor.step) else {}
         record = {
             **batch.metrics,
             **report,
@@ -377,6 +393,7 @@ class Trainer:
             "time/step_s": time.perf_counter() - start,
             "throughput/train_tokens_per_s": batch.metrics.get("batch/tokens", 0.0)
             / max(train_s, 1e-9),
+            **validation,
         }
         self.last_batch = batch
         if self.is_main:
@@ -385,6 +402,26 @@ class Trainer:
             if self.progress is not None:
                 self.progress.update(self.actor.step, record)
         return record
+
+    async def _validate(self) -> dict[str, float]:
+        """Validate the current weights (rank 0; see :mod:`agentrl.rl.validation`)."""
+        if not self.is_main:
+            return {}
+        assert self.engine is not None
+        cfg = self.config
+        step = self.actor.step
+        self._set_status(f"validating step {step}")
+        evaluation = validation_config(
+            cfg.eval,
+            cfg.env,
+            cfg.model,
+            cfg.rollout,
+            self.output_dir / "validation" / f"step_{step}",
+            cfg.trainer.seed,
+        )
+        metrics = await validate(evaluation, self.engine, self.tokenizer)
+        self.validations[step] = metrics
+        return metrics
 
     async def _next_batch(self) -> TrainingBatch | None:
         """Rank 0 builds the batch from the stream; every rank gets it (None: stop)."""
@@ -467,9 +504,14 @@ class Trainer:
         return self.critic.actor if self.critic is not None else None
 
     def write_curves(self) -> Path:
+        keys = list(DEFAULT_CURVES)
+        if self.config.eval.enabled:  # held-out pass@1 of each validated environment
+            specs = (self.config.eval.env or self.config.env).specs()
+            keys += [f"val/{spec.label}/pass@1" for spec in specs]
         return plot_curves(
             self.output_dir / "metrics.jsonl",
             self.output_dir / "curves.png",
+            keys=keys,
             title=f"{' + '.join(s.label for s in self.config.env.specs())} · "
             f"{self.config.model.path}",
         )
