@@ -13,11 +13,18 @@
   what SWE-bench's harness does at minimum: in a fresh sandbox with the same tree and patches, run
   the same test command on the same tests and read the log, without the extra evidence.
 
+* **Layouts** (``--layouts``): the same shipped instances (one per project) in SWE-bench's
+  official layout, as SWE-bench 5 rows on their ``sweb.eval.x86_64.<id>`` images
+  (:mod:`agentrl.envs.swe.image_harness`), against today's generated path, both on the container
+  backend, in one process: episode start (``areset`` of an environment already made and reset
+  once, until the first tool call can run) and grading of the gold patch (fresh container, the
+  patch, the tests, the verdict).
+
 Each measurement is repeated ``--repeat`` times per shipped project, paths alternating; prints
 median seconds and the ratio ours/baseline. Wall-clock numbers on a small machine (2 cores here)
 move with whatever else runs on it.
 
-    DOCKER_HOST=unix:///run/podman/podman.sock python -m bench.bench_swe [--repeat 3]
+    DOCKER_HOST=unix:///run/podman/podman.sock python -m bench.bench_swe [--repeat 3] [--layouts]
 """
 
 from __future__ import annotations
@@ -38,8 +45,10 @@ import gymnasium
 import agentrl  # noqa: F401
 from agentrl.envs.swe.env import SHIPPED_INSTANCES
 from agentrl.envs.swe.grading import grade
+from agentrl.envs.swe.image_harness import ImageRepos, grade_in_image
 from agentrl.envs.swe.instances import load_instances
 from agentrl.envs.swe.projects import BUILD_SCRIPT, load_projects, project_of
+from agentrl.envs.swe.swebench_rows import write_rows
 from agentrl.envs.swe.workspace import REPO_DIR, BaseTrees, checkout
 from agentrl.tools import SandboxLimits, sandbox_factory
 
@@ -144,11 +153,71 @@ async def measure(repeat: int) -> None:
             print(f"{project.spec.name:<12} {what:<14} {a_s:>8.2f} {b_s:>11.2f} {a_s / b_s:>6.2f}")
 
 
+async def resets(env, repeat: int) -> list[float]:
+    """Seconds of each of ``repeat`` resets of ``env`` after one untimed (caches filled)."""
+    times = []
+    try:
+        for attempt in range(repeat + 1):
+            start = time.perf_counter()
+            await env.unwrapped.areset(seed=0)
+            if attempt:
+                times.append(time.perf_counter() - start)
+    finally:
+        await env.unwrapped.aclose()
+    return times
+
+
+async def layouts(repeat: int) -> None:
+    """Official layout (SWE-bench 5 rows on their images) vs generated instances, container."""
+    instances = load_instances(SHIPPED_INSTANCES)
+    projects = load_projects()
+    trees = BaseTrees()
+    repos = ImageRepos(LIMITS)
+    print(f"CPU: {cpu()}")
+    print(f"{'project':<12} {'what':<14} {'official s':>10} {'today s':>8} {'ratio':>6}")
+    with tempfile.TemporaryDirectory() as scratch:
+        for project in projects.values():
+            instance = next(i for i in instances if project_of(i, projects) == project)
+            rows = Path(scratch) / f"{project.spec.name}.jsonl"
+            write_rows([instance], rows)
+            (row,) = load_instances(rows, format="swebench5")
+            kwargs = {"instance_ids": [instance.instance_id], "sandbox": "container"}
+            official = await resets(
+                gymnasium.make(
+                    "agentrl/SWE-v0", instances=str(rows), instance_format="swebench5", **kwargs
+                ),
+                repeat,
+            )
+            today = await resets(gymnasium.make("agentrl/SWE-v0", **kwargs), repeat)
+            graded_official, graded_today = [], []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                verdict = await grade_in_image(row, row.patch, repos=repos, timeout=600)
+                assert verdict.resolved, verdict
+                graded_official.append(time.perf_counter() - start)
+                graded_today.append(await grade_ours(instance, project, trees))
+            for what, a, b in (
+                ("episode start", official, today),
+                ("grading", graded_official, graded_today),
+            ):
+                a_s, b_s = statistics.median(a), statistics.median(b)
+                print(
+                    f"{project.spec.name:<12} {what:<14} {a_s:>10.2f} {b_s:>8.2f} {a_s / b_s:>6.2f}"
+                )
+    repos.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-build", action="store_true", help="do not time image builds")
+    parser.add_argument(
+        "--layouts", action="store_true", help="only official layout vs today's (see above)"
+    )
     args = parser.parse_args()
+    if args.layouts:
+        asyncio.run(layouts(args.repeat))
+        return
     if not args.skip_build:
         project_file = next(iter(load_projects().values())).path
         cold, cached = build_times(project_file)

@@ -90,10 +90,11 @@ class SWEConfig(Config):
     """Keyword arguments of ``gymnasium.make("agentrl/SWE-v0", ...)``."""
 
     instances: str | Path | None = None
-    """A .jsonl/.json/.parquet file of generated instances; None uses the shipped set."""
+    """A .jsonl/.json/.parquet file of generated instances or of benchmark rows (see
+    instance_format); None uses the shipped set."""
     instance_format: str = "auto"
-    """The rows' format (:func:`~agentrl.envs.swe.instances.load_instances`): ``"swebench5"``
-    runs SWE-bench 5 rows on their own images; ``"auto"`` picks by the columns."""
+    """The file's row format (load_instances'): "swebench5" runs SWE-bench 5 rows on their own
+    images; "auto" picks one by the columns."""
     instance_ids: list[str] | None = None
     """Restrict the episodes to these instance ids."""
     projects: str | Path = SHIPPED_PROJECTS
