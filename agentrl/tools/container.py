@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -44,7 +45,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +94,17 @@ class ContainerSandbox(Sandbox):
         image: str = DEFAULT_IMAGE,
         client: Any = None,
         on_not_removed: Callable[[str], None] | None = None,
+        writable_dirs: Sequence[str] = (),
+        environment: Mapping[str, str] | None = None,
     ) -> ContainerSandbox:
         """Create and start a container from ``image`` and wait until its agent answers.
 
-        ``client`` is a ``docker.DockerClient`` (default ``docker.from_env()``). Raises
+        ``client`` is a ``docker.DockerClient`` (default ``docker.from_env()``).
+        ``writable_dirs`` are absolute paths that get an empty tmpfs of ``limits.disk_mb``
+        owned by the sandbox user (the root file system stays read-only; what the image holds
+        there is hidden: Podman is told not to copy it up, a Docker Engine never does), e.g. a
+        repository's directory to unpack a copy into (tested with Podman; the Docker Engine
+        form, ``uid=``/``gid=`` options, is not tested here). ``environment`` adds variables. Raises
         :class:`SandboxError` when the engine is unreachable, the image is missing or the
         container fails to start; a container that failed to start is removed.
         ``on_not_removed`` is called with the container's name or id when the engine could not
@@ -106,7 +114,12 @@ class ContainerSandbox(Sandbox):
         owns_client = client is None
         client = client or await asyncio.to_thread(connect)
         name = f"agentrl-{os.getpid()}-{secrets.token_hex(6)}"  # found by name if create fails
-        creating = asyncio.ensure_future(asyncio.to_thread(_create, client, image, limits, name))
+        if bad := [d for d in writable_dirs if not d.startswith("/")]:
+            raise ValueError(f"writable_dirs must be absolute paths, got {bad}")
+        extra = _Extra(tuple(writable_dirs), dict(environment or {}))
+        creating = asyncio.ensure_future(
+            asyncio.to_thread(_create, client, image, limits, name, extra)
+        )
         try:
             container = await asyncio.shield(creating)
         except BaseException:
@@ -204,11 +217,30 @@ def remove_orphans(client: Any = None) -> int:
     return removed
 
 
-def _create(client: Any, image: str, limits: SandboxLimits, name: str) -> Any:
+@dataclasses.dataclass(frozen=True)
+class _Extra:
+    """What a sandbox adds to the standard container: writable directories, variables."""
+
+    writable_dirs: tuple[str, ...] = ()
+    environment: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _create(
+    client: Any, image: str, limits: SandboxLimits, name: str, extra: _Extra | None = None
+) -> Any:
     import docker
     import requests  # the SDK's transport: an unreachable engine raises its errors
 
+    extra = extra or _Extra()
     tmpfs_options = f"rw,size={limits.disk_mb}m,mode=1777"
+    tmpfs = {Sandbox.workdir: tmpfs_options, "/tmp": tmpfs_options}
+    if extra.writable_dirs:
+        # owned by the sandbox user (git refuses a repository in a directory of another owner):
+        # Podman chowns with U (it refuses uid=), a Docker Engine passes uid= to the kernel
+        uid, gid = _USER.split(":")
+        owner = ",notmpcopyup,U" if _is_podman(client) else f",uid={uid},gid={gid}"
+        empty = f"rw,size={limits.disk_mb}m,mode=0755{owner}"
+        tmpfs |= dict.fromkeys(extra.writable_dirs, empty)
     try:
         return client.containers.create(
             image,
@@ -224,10 +256,15 @@ def _create(client: Any, image: str, limits: SandboxLimits, name: str) -> Any:
             pids_limit=limits.pids,
             nano_cpus=int(limits.cpus * 1e9),
             read_only=True,
-            tmpfs={Sandbox.workdir: tmpfs_options, "/tmp": tmpfs_options},
+            tmpfs=tmpfs,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges", _seccomp_option(client)],
-            environment={"HOME": Sandbox.workdir, "LANG": "C.UTF-8", "TMPDIR": "/tmp"},
+            environment={
+                **extra.environment,
+                "HOME": Sandbox.workdir,
+                "LANG": "C.UTF-8",
+                "TMPDIR": "/tmp",
+            },
             labels={LABEL: f"{socket.gethostname()}:{os.getpid()}"},
         )
     except docker.errors.ImageNotFound as exc:
@@ -246,10 +283,15 @@ def _seccomp_option(client: Any) -> str:
     long" to JSON text; its socket is local, so the profile is written to a file here.
     """
     profile = seccomp.oci_profile_json()
-    components = client.version().get("Components") or []
-    if not any(str(part.get("Name", "")).startswith("Podman") for part in components):
+    if not _is_podman(client):
         return f"seccomp={profile}"
     return f"seccomp={_profile_file(profile)}"
+
+
+def _is_podman(client: Any) -> bool:
+    """Whether the engine behind ``client`` is Podman (its compatible API) or a Docker Engine."""
+    components = client.version().get("Components") or []
+    return any(str(part.get("Name", "")).startswith("Podman") for part in components)
 
 
 def _profile_file(profile: str) -> Path:

@@ -189,3 +189,24 @@ async def test_a_cancelled_container_start_leaves_no_container(after_s):
         await asyncio.sleep(0.1)
     client.close()
     assert not left, f"containers left behind: {left}"
+
+
+@pytest.mark.slow
+async def test_a_writable_directory_is_empty_and_the_sandbox_users_and_variables_are_added():
+    """``writable_dirs`` hides what the image holds there (the SWE base image's /usr/share/doc)
+    behind an empty tmpfs the sandbox user owns, so git accepts a repository in it; the root
+    file system stays read-only; ``environment`` adds variables; a relative path is refused."""
+    where = "/usr/share/doc"
+    async with await ContainerSandbox.start(
+        image="localhost/agentrl-swe-base:latest",
+        writable_dirs=[where],
+        environment={"AGENTRL_PROBE": "yes"},
+    ) as box:
+        listing = await box.exec(f"ls -A {where}; stat -c %U {where}; echo $AGENTRL_PROBE")
+        assert listing.stdout == "nobody\nyes\n", listing
+        repo = await box.exec(f"cd {where} && git init -q && git status --short && echo ok")
+        assert repo.stdout.endswith("ok\n"), repo
+        elsewhere = await box.exec("touch /usr/share/other 2>&1; echo $?")
+        assert "Read-only file system" in elsewhere.stdout
+    with pytest.raises(ValueError, match="absolute paths"):
+        await ContainerSandbox.start(writable_dirs=["testbed"])

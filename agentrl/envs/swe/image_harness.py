@@ -155,9 +155,14 @@ class ImageRepos:
         assert harness is not None
         archive = await asyncio.to_thread(self._archive, harness.image, harness.repo_dir)
         env = {"BASH_ENV": ACTIVATE_FILE} if activate and activation(instance) else {}
-        client = _RepoDirClient(self.client, harness.repo_dir, self.limits.disk_mb, env)
         try:
-            sandbox = await ContainerSandbox.start(self.limits, image=harness.image, client=client)
+            sandbox = await ContainerSandbox.start(
+                self.limits,
+                image=harness.image,
+                client=self.client,
+                writable_dirs=[harness.repo_dir],
+                environment=env,
+            )
         except SandboxError as exc:
             raise SandboxError(
                 f"{exc} (the image must have python3 on PATH, which runs the sandbox's agent)"
@@ -324,33 +329,3 @@ def _image_exists(client: Any, image: str) -> bool:
     except docker.errors.ImageNotFound:
         return False
     return True
-
-
-class _RepoDirClient:
-    """An engine client whose ``containers.create`` adds a tmpfs at ``repo_dir`` (no copy-up,
-    owned by the container's user) and ``env`` to the container; everything else is
-    ``client``'s. ContainerSandbox has no option for a writable directory besides its own."""
-
-    def __init__(self, client: Any, repo_dir: str, disk_mb: int, env: dict[str, str]) -> None:
-        self._client = client
-        self.containers = _Containers(
-            client.containers, {repo_dir: f"rw,size={disk_mb}m,mode=0755,notmpcopyup,U"}, env
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-
-class _Containers:
-    def __init__(self, containers: Any, tmpfs: dict[str, str], env: dict[str, str]) -> None:
-        self._containers = containers
-        self._tmpfs = tmpfs
-        self._env = env
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._containers, name)
-
-    def create(self, image: str, command: Any, **options: Any) -> Any:
-        options["tmpfs"] = {**options.get("tmpfs", {}), **self._tmpfs}
-        options["environment"] = {**options.get("environment", {}), **self._env}
-        return self._containers.create(image, command, **options)
