@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml
 
 # The main job, a fresh run in runs/demo: multi-turn Math-v0 with the python tool in a bubblewrap
 # sandbox (installed when missing). Demonstrations the environment verified, a supervised warm start
-# of SmolLM2 on them (SFT), then GRPO from the SFT model with the embedded engine.
+# of SmolLM2 on them (SFT), then GRPO from the SFT model with the embedded engine; held-out pass@1
+# (Math-v0's test split, never trained on) of SmolLM2, the SFT model and the GRPO model, side by side.
+DEMO_EVAL := $(BIN)/agentrl eval examples/eval/math_tool_cpu.yaml eval.k=1
 DEMO_ENV := --env agentrl/Math-v0 --env-kwargs mode=multi tool_format=tags answer_format=flexible \
 	generated_difficulty=2 sandbox=bwrap
 demo: $(STAMP)
@@ -28,6 +30,10 @@ demo: $(STAMP)
 	$(BIN)/agentrl sft examples/math_tool_sft_cpu.yaml trainer.output_dir=runs/demo/sft
 	$(BIN)/agentrl train examples/math_tool_grpo_cpu.yaml model.path=runs/demo/sft/hf \
 		trainer.steps=2 trainer.output_dir=runs/demo/grpo
+	$(DEMO_EVAL) model.path=smollm2 eval.output_dir=runs/demo/eval/smollm2
+	$(DEMO_EVAL) model.path=runs/demo/sft/hf eval.output_dir=runs/demo/eval/sft
+	$(DEMO_EVAL) model.path=runs/demo/grpo/hf eval.output_dir=runs/demo/eval/grpo
+	$(BIN)/agentrl eval --compare runs/demo/eval/smollm2 runs/demo/eval/sft runs/demo/eval/grpo
 
 # sandboxes/setup.sh (idempotent, ~0.3 s once done) installs and starts what the sandbox tests need:
 # bubblewrap, Podman and its Docker-compatible API, the sandbox images (`all`: python, the SWE base

