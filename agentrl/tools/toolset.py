@@ -22,8 +22,12 @@ ERROR_NAME = "error"
 class ToolSet:
     """Tools by name: their schemas for the prompt, and :meth:`run` for the calls the model made."""
 
-    def __init__(self, tools: Sequence[Tool]) -> None:
-        """Index ``tools`` by name; raises ``ValueError`` if two share a name."""
+    def __init__(self, tools: Sequence[Tool], *, sequential: bool = False) -> None:
+        """Index ``tools`` by name; raises ``ValueError`` if two share a name. ``sequential``:
+        a message's calls run one after another, in order (tools that act on one sandbox, where
+        a call may depend on the one before, as SWE-agent and OpenHands run them); otherwise
+        they run concurrently."""
+        self.sequential = sequential
         self._tools: dict[str, Tool] = {}
         for tool in tools:
             if tool.name in self._tools:
@@ -59,9 +63,13 @@ class ToolSet:
         A call's message is ``{"role": "tool", "name": call.name, "content": result}``; when the
         tool is unknown, the arguments are invalid or the tool raises, ``content`` is
         ``"Error: ..."`` saying why (for an unknown tool, which tools exist). A parse error's
-        message has ``name`` ``"error"``. Calls run concurrently; messages keep the call order.
+        message has ``name`` ``"error"``. Calls run concurrently, or in order when the set is
+        ``sequential``; messages keep the call order.
         """
-        results = await asyncio.gather(*(self._answer(call) for call in calls))
+        if self.sequential:
+            results = [await self._answer(call) for call in calls]
+        else:
+            results = await asyncio.gather(*(self._answer(call) for call in calls))
         messages = [
             _message(call.name, content) for call, content in zip(calls, results, strict=True)
         ]

@@ -45,6 +45,7 @@ def test_every_built_in_environment_takes_a_split():
         ("agentrl/Math-v0", {"generated_count": 50}),
         ("agentrl/Search-v0", {}),
         ("agentrl/Code-v0", {}),
+        ("agentrl/SWE-v0", {"sandbox": "bwrap"}),
     ]:
         for split in ("train", "test"):
             env = gymnasium.make(env_id, split=split, **kwargs)
@@ -53,6 +54,20 @@ def test_every_built_in_environment_takes_a_split():
     assert counts["agentrl/Math-v0", "train"] == counts["agentrl/Math-v0", "test"] == 50
     assert counts["agentrl/Search-v0", "test"] < counts["agentrl/Search-v0", "train"]
     assert counts["agentrl/Code-v0", "train"] == counts["agentrl/Code-v0", "test"] == 164
+    assert counts["agentrl/SWE-v0", "train"] + counts["agentrl/SWE-v0", "test"] == 33
     for env_id in ("agentrl/Math-v0", "agentrl/Search-v0"):
         with pytest.raises(ValueError, match=r"splits \('train', 'test'\), not 'validation'"):
             gymnasium.make(env_id, split="validation")
+
+
+def test_swe_train_and_test_never_share_a_bug():
+    from agentrl.envs.swe.env import bug_key
+
+    splits = {}
+    for split in ("train", "test"):
+        env = gymnasium.make("agentrl/SWE-v0", split=split, sandbox="bwrap")
+        splits[split] = {bug_key(i) for i in env.unwrapped.instances}
+        env.close()
+    assert splits["train"] and splits["test"] and not splits["train"] & splits["test"]
+    with pytest.raises(ValueError, match="instance_ids or split, not both"):
+        gymnasium.make("agentrl/SWE-v0", split="test", instance_ids=["toolz__1.2.0-5"])

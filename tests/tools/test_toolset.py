@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from hypothesis import given
@@ -78,13 +77,31 @@ async def test_every_failure_becomes_an_error_message_in_call_order() -> None:
     assert all("Traceback" not in message["content"] for message in messages)
 
 
-async def test_calls_run_concurrently_but_keep_call_order() -> None:
-    calls = [ToolCall("wait", {"seconds": 0.4 - 0.1 * i, "label": str(i)}) for i in range(4)]
-    started = time.monotonic()
-    messages = await TOOLS.run(calls)
-    elapsed = time.monotonic() - started
-    assert [message["content"] for message in messages] == ["0", "1", "2", "3"]
-    assert elapsed < 0.9  # sequentially it would take 1.0 s
+def traced(log: list[tuple[str, str]], sequential: bool) -> ToolSet:
+    """A set whose one tool logs when each call starts and ends (an event, not a clock)."""
+
+    async def step(label: str) -> str:
+        """Log the start, yield to the loop a few times, log the end."""
+        log.append(("start", label))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        log.append(("end", label))
+        return label
+
+    return ToolSet([Tool.from_function(step)], sequential=sequential)
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+async def test_calls_run_concurrently_or_in_order_and_keep_call_order(sequential) -> None:
+    log: list[tuple[str, str]] = []
+    calls = [ToolCall("step", {"label": str(i)}) for i in range(3)]
+    tools = traced(log, sequential)
+    messages = await tools.run(calls)
+    assert [message["content"] for message in messages] == ["0", "1", "2"]
+    if sequential:  # each call ends before the next starts
+        assert log == [(event, str(i)) for i in range(3) for event in ("start", "end")]
+    else:  # every call has started before the first one ends
+        assert log[:3] == [("start", "0"), ("start", "1"), ("start", "2")]
 
 
 async def test_no_calls_and_no_errors_give_no_messages() -> None:

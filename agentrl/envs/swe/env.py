@@ -52,6 +52,7 @@ from pydantic import Field
 
 from agentrl.config import Config
 from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
+from agentrl.envs.splits import split_of
 from agentrl.envs.swe.grading import GIT_ENV, GIT_OPTIONS, MAX_PATCH_BYTES, SWEGrade, grade
 from agentrl.envs.swe.image_harness import ImageRepos, check_images, check_rows, grade_in_image
 from agentrl.envs.swe.instances import SWEInstance, load_instances
@@ -96,7 +97,11 @@ class SWEConfig(Config):
     """The file's row format (load_instances'): "swebench5" runs SWE-bench 5 rows on their own
     images; "auto" picks one by the columns."""
     instance_ids: list[str] | None = None
-    """Restrict the episodes to these instance ids."""
+    """Restrict the episodes to these instance ids (of any split: they replace `split`)."""
+    split: Literal["train", "test"] = "train"
+    """Held-out splits by bug (`agentrl.envs.splits`): a generated instance's key is its
+    repository, file and function (two bugs in one function are on one side), a benchmark row's
+    its instance id. Not applied when `instance_ids` names the instances."""
     projects: str | Path = SHIPPED_PROJECTS
     """The directory of the instances' project files and source distributions."""
     tool_format: Literal["hermes", "tags"] = "hermes"
@@ -124,10 +129,14 @@ class SWEEnv(AgentEnv):
 
     def __init__(self, **kwargs: Any):
         self.config = config = SWEConfig.build("agentrl/SWE-v0", kwargs)
-        self.instances = _select(
-            load_instances(config.instances or SHIPPED_INSTANCES, format=config.instance_format),
-            config.instance_ids,
+        if config.instance_ids is not None and "split" in config.model_fields_set:
+            raise ValueError("agentrl/SWE-v0: give instance_ids or split, not both")
+        loaded = load_instances(
+            config.instances or SHIPPED_INSTANCES, format=config.instance_format
         )
+        if config.instance_ids is None:
+            loaded = [i for i in loaded if split_of(bug_key(i)) == config.split]
+        self.instances = _select(loaded, config.instance_ids)
         harnessed = [i for i in self.instances if i.harness is not None]
         if harnessed and len(harnessed) < len(self.instances):
             raise ValueError("agentrl/SWE-v0: give generated instances and benchmark rows apart")
@@ -167,7 +176,7 @@ class SWEEnv(AgentEnv):
             )
             tools.append(sandbox_editor.tool())
         tools.append(Tool.from_function(submit))
-        self.tools = ToolSet(tools)
+        self.tools = ToolSet(tools, sequential=True)  # one sandbox: a call sees the one before
         self.parser = HermesParser() if config.tool_format == "hermes" else ArgTagParser(tools)
 
     def _factory(self, project: Project) -> Any:
@@ -395,6 +404,14 @@ def _file_examples(tool_set: str, repo_dir: str) -> list[ToolCall]:
 def submit() -> str:
     """Submit the repository's current state for grading; ends the episode."""
     return "submitted"
+
+
+def bug_key(instance: SWEInstance) -> str:
+    """What decides an instance's split: its bug (see ``SWEConfig.split``)."""
+    taskgen = instance.agentrl_taskgen
+    if taskgen is None:
+        return instance.instance_id
+    return f"{instance.repo}:{taskgen.file}:{taskgen.function}"
 
 
 def _select(instances: list[SWEInstance], ids: list[str] | None) -> list[SWEInstance]:
