@@ -9,7 +9,9 @@ The whole contract:
 - **Info**: ``reset``'s info carries ``"tools"``, the JSON schemas (OpenAI style) of the tools the agent
   may call, as fresh objects on every call, and may carry ``"stop"``, strings that end each
   assistant turn of the episode (Search-R1's ``</search>``; the rollout runner adds them to its
-  sampling's ``stop``, and the turn keeps its tokens as sampled, the match included). Step infos are deterministic for a given seed and action
+  sampling's ``stop``, and the turn keeps its tokens as sampled, the match included), and
+  ``"tags"``, what the task is (``{"difficulty": "<15 min fix"}``), which ``agentrl eval``
+  reports per value. Step infos are deterministic for a given seed and action
   (no timings: rollouts measure those) so that ``check_env`` passes.
 - **Async first**: subclasses implement :meth:`areset` and :meth:`astep` (and :meth:`aclose` if they
   hold resources). Blocking work (verifiers, subprocesses) is awaited off the event loop, so thousands

@@ -1,6 +1,7 @@
 """The numbers of an evaluation, per environment, from its episode rows (``episodes.jsonl``).
 
-Per environment: tasks, samples per task, episodes; unbiased pass@k for each requested k (the
+Per environment, and per tag value its tasks carry (``by_tag``: SWE-bench Verified's difficulty,
+a dataset's source): tasks, samples per task, episodes; unbiased pass@k for each requested k (the
 mean over tasks of :func:`~agentrl.evaluation.passk.pass_at_k`, with its standard error), mean
 reward, turns, tool calls and generated tokens per judged episode; and, counted apart, episodes
 that ended in an error or that the environment could not judge (infrastructure faults). Those
@@ -25,11 +26,24 @@ from agentrl.evaluation.passk import mean_and_stderr, pass_at_k
 
 
 def summarize(rows: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[str, dict[str, Any]]:
-    """``{environment label: its numbers}`` (see the module docstring)."""
+    """``{environment label: its numbers}`` (see the module docstring); each environment's
+    ``by_tag`` holds the same numbers per tag value (``"difficulty=<15 min fix"``) that its
+    tasks carry (``Trajectory.tags``)."""
     by_env: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_env[row["env"]].append(row)
-    return {label: _numbers(env_rows, ks) for label, env_rows in sorted(by_env.items())}
+    summary = {}
+    for label, env_rows in sorted(by_env.items()):
+        by_tag: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in env_rows:
+            for key, value in json.loads(row.get("tags") or "{}").items():
+                by_tag[f"{key}={value}"].append(row)
+        numbers = _numbers(env_rows, ks)
+        numbers["by_tag"] = {
+            tag: _numbers(tag_rows, ks) for tag, tag_rows in sorted(by_tag.items())
+        }
+        summary[label] = numbers
+    return summary
 
 
 def _numbers(rows: list[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
@@ -76,12 +90,16 @@ def markdown(summary: dict[str, dict[str, Any]], ks: Sequence[int]) -> str:
     columns = [f"pass@{k}" for k in ks] + ["reward", "turns", "tool_calls", "completion_tokens"]
     header = ["env", "tasks", "judged", "errors", "infra errors", *columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label, n in summary.items():
-        cells = [label, str(n["tasks"]), str(n["judged"]), str(n["errors"]), str(n["infra_errors"])]
-        for column in columns:
-            key = column if column.startswith("pass@") else f"{column}_mean"
-            cells.append(f"{n[key]:.3f} ± {n[key.removesuffix('_mean') + '_stderr']:.3f}")
-        lines.append("| " + " | ".join(cells) + " |")
+    for label, numbers in summary.items():
+        groups = [(label, numbers)]
+        groups += [(f"{label} · {tag}", n) for tag, n in numbers.get("by_tag", {}).items()]
+        for name, n in groups:
+            cells = [name, str(n["tasks"]), str(n["judged"]), str(n["errors"])]
+            cells.append(str(n["infra_errors"]))
+            for column in columns:
+                key = column if column.startswith("pass@") else f"{column}_mean"
+                cells.append(f"{n[key]:.3f} ± {n[key.removesuffix('_mean') + '_stderr']:.3f}")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

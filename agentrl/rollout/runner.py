@@ -108,18 +108,26 @@ def turn_seed(base: int, task: RolloutTask, turn: int) -> int:
     return int(state[0])
 
 
-class StopStringsError(ValueError):
-    """A reset info's ``"stop"`` is not a list of non-empty strings."""
+class ResetInfoError(ValueError):
+    """A reset info's ``"stop"`` or ``"tags"`` has the wrong shape."""
 
 
 def env_stop_strings(info: dict[str, Any]) -> tuple[str, ...]:
     """The stop strings a reset info asks for (``"stop"``: a list of non-empty strings)."""
     stop = info.get("stop") or ()
     if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
-        raise StopStringsError(
-            f'reset info "stop" must be a list of non-empty strings, got {stop!r}'
-        )
+        raise ResetInfoError(f'reset info "stop" must be a list of non-empty strings, got {stop!r}')
     return tuple(stop)
+
+
+def env_tags(info: dict[str, Any]) -> dict[str, str]:
+    """The tags a reset info gives its task (``"tags"``: a dict of string keys and values)."""
+    tags = info.get("tags") or {}
+    if not isinstance(tags, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
+    ):
+        raise ResetInfoError(f'reset info "tags" must map strings to strings, got {tags!r}')
+    return dict(tags)
 
 
 def _derived_seed(seed: int, piece: int) -> int:
@@ -167,6 +175,7 @@ class EpisodeRunner:
             return self._failed(task, "env", exc)
         try:
             stop = env_stop_strings(info)
+            tags = env_tags(info)
             builder = TrajectoryBuilder(
                 self.tokenizer,
                 messages,
@@ -176,12 +185,13 @@ class EpisodeRunner:
             )
         except Exception as exc:
             return self._failed(
-                task, "env" if isinstance(exc, StopStringsError) else "tokenization", exc, messages
+                task, "env" if isinstance(exc, ResetInfoError) else "tokenization", exc, messages
             )
         # tokens and messages are taken from the builder once the episode ends, on every path
         trajectory = Trajectory(
             self.env_id, task.group, task.sample, task.seed, TokenTrajectory.empty(), []
         )
+        trajectory.tags = tags
         stage = "engine"
         try:
             while True:

@@ -52,6 +52,9 @@ class Trajectory:
     infra_error: str | None = None
     """The environment could not judge the episode (``info["infra_error"]``): its reward means
     nothing, and the trainer leaves it out like an errored episode."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """What the task is, as the environment's reset info tags it (``info["tags"]``: e.g.
+    SWE-bench Verified's ``difficulty``); ``agentrl eval`` reports per tag."""
     submission: dict[str, Any] | None = None
     """The episode's answer in its benchmark's own format, as the environment's last step info
     gave it (``info["submission"]``): a HumanEval sample for Code-v0, a SWE-bench prediction for
@@ -75,6 +78,7 @@ class Trajectory:
     def to_record(self) -> dict[str, Any]:
         record = {k: v for k, v in asdict(self).items() if k not in ("tokens", "messages", "turns")}
         record["submission"] = None if self.submission is None else json.dumps(self.submission)
+        record["tags"] = json.dumps(self.tags)
         record.update(self.tokens.to_dict())
         record["messages"] = json.dumps(self.messages, ensure_ascii=False)
         record["turns"] = json.dumps([asdict(turn) for turn in self.turns])
@@ -89,7 +93,7 @@ class Trajectory:
             k: v
             for k, v in record.items()
             if k in cls.__dataclass_fields__
-            and k not in ("messages", "turns", "reward_components", "submission")
+            and k not in ("messages", "turns", "reward_components", "submission", "tags")
         }
         submission = record.get("submission")
         return cls(
@@ -99,4 +103,5 @@ class Trajectory:
             turns=[Turn(**turn) for turn in json.loads(record["turns"])],
             reward_components=json.loads(record["reward_components"]),
             submission=json.loads(submission) if submission else None,
+            tags=json.loads(record.get("tags") or "{}"),
         )

@@ -134,6 +134,13 @@ def test_unjudged_episodes_enter_no_number():
     assert numbers["pass@2"] == pytest.approx((1.0 + 1.0) / 2)
     assert numbers["reward_mean"] == pytest.approx(3 / 4)
     assert numbers["tool_calls_mean"] == 1 and numbers["completion_tokens_mean"] == 2
+    for r in rows:  # task 0 is easy, task 1 hard
+        r["tags"] = json.dumps({"difficulty": "easy" if r["index"] == 0 else "hard"})
+    by_tag = summarize(rows, [1, 2])["E"]["by_tag"]
+    assert sorted(by_tag) == ["difficulty=easy", "difficulty=hard"]
+    assert by_tag["difficulty=easy"]["pass@1"] == pytest.approx(1 / 2)
+    assert by_tag["difficulty=hard"]["pass@1"] == pytest.approx(1.0)
+    assert by_tag["difficulty=easy"]["infra_errors"] == 1
     short = summarize(rows[:3], [1, 3])["E"]  # task 0 has 2 judged samples: none for pass@3
     assert short["pass@3_tasks"] == 0 and math.isnan(short["pass@3"])
     assert short["tasks_short"] == 1

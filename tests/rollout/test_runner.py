@@ -9,7 +9,7 @@ from agentrl_echo import EchoEnv
 import agentrl  # noqa: F401
 from agentrl.engine_pool import LocalEngine, SamplingParams
 from agentrl.envs import AgentWrapper
-from agentrl.rollout import EpisodeRunner, group_tasks
+from agentrl.rollout import EpisodeRunner, Trajectory, group_tasks
 
 pytestmark = pytest.mark.slow
 
@@ -201,15 +201,16 @@ async def test_a_grading_infrastructure_failure_is_excluded_from_the_loss(engine
 
 
 class AsksToStop(AgentWrapper):
-    """An environment whose reset info asks for stop strings, as Search-R1's protocol does."""
+    """An environment whose reset info asks for stop strings, as Search-R1's protocol does, and
+    tags its task."""
 
-    def __init__(self, env, stop):
+    def __init__(self, env, stop, tags=None):
         super().__init__(env)
-        self.stop = stop
+        self.stop, self.tags = stop, tags or {"kind": "echo"}
 
     async def areset(self, *, seed=None, options=None):
         messages, info = await self.env.areset(seed=seed, options=options)
-        return messages, {**info, "stop": self.stop}
+        return messages, {**info, "stop": self.stop, "tags": self.tags}
 
 
 async def test_the_environments_stop_strings_end_its_turns_token_exactly(engine, tokenizer):
@@ -231,7 +232,8 @@ async def test_the_environments_stop_strings_end_its_turns_token_exactly(engine,
     turns = [turn for t in trajectories for turn in t.turns]
     assert any(turn.finish_reason == "stop" for turn in turns)
     for trajectory in trajectories:
-        assert trajectory.error is None
+        assert trajectory.error is None and trajectory.tags == {"kind": "echo"}
+        assert Trajectory.from_record(trajectory.to_record()).tags == {"kind": "echo"}
         assert_token_exact(trajectory, tokenizer)
         ids, mask = trajectory.tokens.input_ids, trajectory.tokens.loss_mask
         for turn in trajectory.turns:
@@ -244,5 +246,10 @@ async def test_the_environments_stop_strings_end_its_turns_token_exactly(engine,
 
     runner = EpisodeRunner(lambda: AsksToStop(EchoEnv(), "</search>"), engine, tokenizer, SAMPLING)
     (trajectory,) = await runner.collect(group_tasks(1))
-    assert trajectory.error is not None and trajectory.error.startswith("env: StopStringsError")
+    assert trajectory.error is not None and trajectory.error.startswith("env: ResetInfoError")
     assert "list of non-empty strings" in trajectory.error
+    runner = EpisodeRunner(
+        lambda: AsksToStop(EchoEnv(), [], tags={"level": 3}), engine, tokenizer, SAMPLING
+    )
+    (trajectory,) = await runner.collect(group_tasks(1))
+    assert trajectory.error is not None and "must map strings to strings" in trajectory.error

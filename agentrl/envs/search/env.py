@@ -199,6 +199,7 @@ class SearchEnv(AgentEnv):
             "tools": self.tools.schemas(),
             "question_id": self.question.id,
             "golden_answers": list(self.question.golden_answers),
+            "tags": _tags(self.question),
         }
         return messages, info
 
@@ -233,6 +234,7 @@ class SearchEnv(AgentEnv):
             "question_id": question.id,
             "golden_answers": list(question.golden_answers),
             "stop": list(STOP),
+            "tags": _tags(question),
         }
         return [dict(message) for message in messages], info
 
@@ -351,3 +353,9 @@ def make_retriever(config: SearchConfig) -> Retriever:
 def _load_index(path: str, mtime_ns: int) -> Index:
     """One loaded index per directory and version, shared by the environments of a process."""
     return load_index(path)
+
+
+def _tags(question: Question) -> dict[str, str]:
+    """What ``agentrl eval`` reports per value: the question's source, when its row names one."""
+    source = question.metadata.get("data_source")
+    return {"data_source": str(source)} if source is not None else {}

@@ -208,7 +208,11 @@ class SWEEnv(AgentEnv):
             },
             {"role": "user", "content": self._task(instance)},
         ]
-        return messages, {"tools": self.tools.schemas(), "instance_id": instance.instance_id}
+        tags = {"repo": instance.repo}
+        if instance.difficulty is not None:  # SWE-bench Verified's estimate
+            tags["difficulty"] = instance.difficulty
+        info = {"tools": self.tools.schemas(), "instance_id": instance.instance_id, "tags": tags}
+        return messages, info
 
     async def _start_in_image(self, instance: SWEInstance, repos: ImageRepos) -> None:
         try:
