@@ -9,7 +9,8 @@
 #    slirp4netns fuse-overlayfs curl, wordnet-base (the source the Search-v0 corpus is built
 #    from, for the test that rebuilds it), and git and python3-pytest (what SWE-v0 needs under the
 #    host's /usr to run on bubblewrap); libseccomp2, which compiles the sandboxes' system-call filter,
-#    with both (bubblewrap and libseccomp2 alone with --bwrap-only).
+#    with both (bubblewrap and libseccomp2 alone with --bwrap-only); podman-docker when there is no
+#    `docker` command (SWE-bench's harness runs one).
 # 2. Writes /etc/containers/containers.conf and storage.conf (runc, cgroupfs, rlimits that fit the
 #    host; see sandboxes/README.md for why) and restarts the API service it started when they change.
 # 3. Starts `podman system service --time=0 unix:///run/podman/podman.sock` when it does not answer.
@@ -62,6 +63,9 @@ fi
 # ---------------------------------------------------------------- 1. packages
 packages=(bubblewrap libseccomp2)
 [ "$mode" = podman ] && packages+=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs curl wordnet-base git python3-pytest)
+# SWE-bench's harness runs the `docker` command (tests/envs/swe/test_swebench_harness.py): Podman's
+# stands in for it where the machine has none
+[ "$mode" = podman ] && ! command -v docker >/dev/null && packages+=(podman-docker)
 command -v dpkg-query >/dev/null || die "no dpkg: install ${packages[*]} by hand"
 mapfile -t absent < <(comm -23 <(printf '%s\n' "${packages[@]}" | sort) \
   <(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${packages[@]}" 2>/dev/null | awk '$1 == "ii" { print $2 }' | sort))

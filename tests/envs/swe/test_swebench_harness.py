@@ -56,7 +56,9 @@ def require_harness() -> None:
     if not VENV_PYTHON.exists():
         pytest.fail(f"{VENV_PYTHON} is missing: run scripts/setup-swebench-env")
     if shutil.which("docker") is None:  # the harness stops and removes containers with it
-        pytest.fail("no `docker` CLI (SWE-bench's harness runs it): install podman-docker")
+        pytest.fail(
+            "no `docker` CLI (SWE-bench's harness runs it): run sudo sandboxes/setup.sh all"
+        )
     try:
         client = docker.DockerClient(base_url=DOCKER_HOST, timeout=30)
         client.ping()
