@@ -54,7 +54,7 @@ from typing import Any
 
 from agentrl.envs.swe.grading import SWEGrade
 from agentrl.envs.swe.instances import SWEInstance
-from agentrl.envs.swe.projects import BUILD_SCRIPT
+from agentrl.envs.swe.projects import TESTBED_BUILD_COMMAND
 from agentrl.envs.swe.row_formats import swebench_image
 from agentrl.tools.container import ContainerSandbox, connect
 from agentrl.tools.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxLost
@@ -125,7 +125,7 @@ def build_command(instance: SWEInstance) -> str:
     image = instance.harness.image if instance.harness else ""
     ours = swebench_image(instance.instance_id) in (image, image.removeprefix("localhost/"))
     if instance.agentrl_taskgen is not None and ours:
-        return f"sudo {BUILD_SCRIPT} swe-testbed"
+        return TESTBED_BUILD_COMMAND
     return f"podman pull {image}"
 
 

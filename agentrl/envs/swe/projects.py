@@ -21,6 +21,8 @@ SHIPPED_PROJECTS = Path(__file__).parent / "data" / "projects"
 """The shipped projects' directory (``agentrl/envs/swe/data/projects``)."""
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "sandboxes" / "build.sh"
+TESTBED_BUILD_COMMAND = f"sudo {BUILD_SCRIPT} swe-testbed"
+"""The command that builds every shipped instance's image in SWE-bench's layout."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ prediction in ``/testbed``), ``log_parser`` (the name of the function, in its
 ``FAIL_TO_PASS`` test must pass and every ``PASS_TO_PASS`` one pass or be skipped).
 
 What is SWE-bench's: those columns and their meaning, the image naming rule
-(:func:`~agentrl.envs.swe.testbed.swebench_image_name`), the markers the harness slices the test
+(:func:`~agentrl.envs.swe.row_formats.swebench_image`), the markers the harness slices the test
 output with and the shape of the eval script, as SWE-bench writes it for a pytest repository::
 
     cd /testbed

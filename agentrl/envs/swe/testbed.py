@@ -1,7 +1,7 @@
 """SWE-bench's image layout for generated SWE instances: the images' names and build contexts.
 
 SWE-bench (5.x) evaluates an instance in the container image its row names (column ``image``); its
-own images are named by :func:`swebench_image_name` (SWE-bench's ``ImageSpec.name``):
+own images are named by :func:`~agentrl.envs.swe.row_formats.swebench_image` (SWE-bench's ``ImageSpec.name``):
 ``sweb.eval.x86_64.<instance_id>:latest``, lower-cased. An official image holds the repository
 at ``/testbed``, a git checkout at ``base_commit``, the user root, and a conda environment
 ``testbed`` with the project installed, which the row's ``eval_script`` activates.
@@ -37,23 +37,12 @@ from pathlib import Path
 
 from agentrl.envs.swe.env import SHIPPED_INSTANCES
 from agentrl.envs.swe.instances import SWEInstance, load_instances
-from agentrl.envs.swe.projects import BUILD_SCRIPT, Project, load_projects, project_of
+from agentrl.envs.swe.projects import TESTBED_BUILD_COMMAND, Project, load_projects, project_of
 from agentrl.envs.swe.repo import build_base_tree
+from agentrl.envs.swe.row_formats import swebench_image
 
 TESTBED = "/testbed"
 """Where an official SWE-bench image holds the repository (the harness' working directory)."""
-
-
-def swebench_image_name(
-    instance_id: str, *, arch: str = "x86_64", tag: str = "latest", namespace: str | None = None
-) -> str:
-    """SWE-bench's name for an instance's evaluation image (``ImageSpec.name``):
-    ``sweb.eval.<arch>.<instance_id>:<tag>``, with ``<namespace>/`` in front and every ``__``
-    written ``_1776_`` when there is a namespace (Docker Hub refuses dunders), lower-cased."""
-    name = f"sweb.eval.{arch}.{instance_id}:{tag}"
-    if namespace:
-        name = f"{namespace}/{name}".replace("__", "_1776_")
-    return name.lower()
 
 
 @dataclass(frozen=True)
@@ -66,12 +55,12 @@ class SWEBenchImage:
     @property
     def name(self) -> str:
         """The image, by SWE-bench's naming rule (local, no namespace)."""
-        return swebench_image_name(self.instance.instance_id)
+        return swebench_image(self.instance.instance_id)
 
     @property
     def build_command(self) -> str:
         """The command that builds every shipped instance's image (as root with Podman)."""
-        return f"sudo {BUILD_SCRIPT} swe-testbed"
+        return TESTBED_BUILD_COMMAND
 
 
 def swebench_images(instances: Sequence[SWEInstance]) -> list[SWEBenchImage]:

@@ -13,6 +13,7 @@ from swebench.harness.utils import make_test_spec
 
 from agentrl.envs.swe import load_instances
 from agentrl.envs.swe.env import SHIPPED_INSTANCES
+from agentrl.envs.swe.row_formats import swebench_image
 from agentrl.envs.swe.swebench_rows import (
     END_TEST_OUTPUT,
     EVAL_TYPE,
@@ -23,7 +24,7 @@ from agentrl.envs.swe.swebench_rows import (
     swebench_row,
     write_rows,
 )
-from agentrl.envs.swe.testbed import swebench_image_name, swebench_images
+from agentrl.envs.swe.testbed import swebench_images
 
 INSTANCES = load_instances(SHIPPED_INSTANCES)
 IMAGES = {image.instance.instance_id: image for image in swebench_images(INSTANCES)}
@@ -60,7 +61,7 @@ def test_names_and_markers_are_swebench_own():
 def test_image_names_follow_swebench_rule(namespace, expected):
     from swebench.image_builder.image_spec import ImageSpec
 
-    assert swebench_image_name("toolz__1.2.0-1", namespace=namespace) == expected
+    assert swebench_image("toolz__1.2.0-1", namespace=namespace) == expected
     spec = ImageSpec(instance_id="toolz__1.2.0-1", dockerfile="FROM x", namespace=namespace)
     assert spec.name == expected
 
