@@ -12,7 +12,14 @@ SUBCOMMANDS = {
     "demos": ("agentrl.sft.demos_cli", "write verified tool-use demonstrations for agentrl sft"),
     "rollout": ("agentrl.rollout.cli", "run an environment against the embedded engine"),
     "eval": ("agentrl.evaluation.cli", "evaluate a policy on every task: pass@k, per environment"),
-    "serve": ("agentrl.engine_pool.cli", "serve the embedded engine over SGLang's HTTP API"),
+    "serve": (
+        "agentrl.engine_pool.cli",
+        "serve the embedded engine over SGLang's and OpenAI's APIs",
+    ),
+    "gateway": (
+        "agentrl.engine_pool.gateway.cli",
+        "an OpenAI-compatible endpoint in front of engine servers; records sessions",
+    ),
     "check-template": ("agentrl.tokenization.cli", "check whether a chat template is append-only"),
     "swe": ("agentrl.envs.swe.taskgen.cli", "generate verified SWE-bench instances from sdists"),
     "retriever": ("agentrl.tools.retriever_cli", "build a retrieval index or serve one over HTTP"),

@@ -1,4 +1,5 @@
-"""``agentrl serve MODEL``: the embedded engine as an HTTP server speaking SGLang's native API."""
+"""``agentrl serve MODEL``: the embedded engine as an HTTP server speaking SGLang's native API, and
+OpenAI's (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, sessions)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="model dtype (default float32)")
     parser.add_argument(
         "--device", default="cpu", help='where the model runs: "cpu" (default), "cuda", "cuda:1"'
+    )
+    parser.add_argument(
+        "--served-model-name",
+        help="the model id of the OpenAI-compatible routes (default: MODEL as given)",
     )
     parser.add_argument(
         "--fp8-weights",
@@ -39,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
                 dtype=args.dtype,
                 fp8_weights=args.fp8_weights,
                 device=args.device,
+                served_model_name=args.served_model_name,
             )
         )
     return 0

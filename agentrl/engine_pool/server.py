@@ -26,6 +26,9 @@ either, and CPU users can run engines in separate processes. Routes:
                                            weight as the engine holds it (float values)
 ========================================  ========================================================
 
+:func:`serve` also mounts the OpenAI-compatible routes (``/v1/chat/completions``,
+``/v1/completions``, ``/v1/models``, ``/sessions/...``) of :mod:`agentrl.engine_pool.gateway`.
+
 Where the client depends on it, it behaves as SGLang 0.5.23 does (``docs/sglang_http_api.md``):
 
 * ``/abort_request`` looks the ``rid`` up exactly and does nothing for an unknown one; a known one
@@ -63,6 +66,7 @@ import torch
 from aiohttp import web
 
 from agentrl.engine_pool.engine import EngineError, SamplingParams
+from agentrl.engine_pool.gateway import Gateway, GatewayRoutes
 from agentrl.engine_pool.local_engine import LocalEngine
 from agentrl.engine_pool.sglang_api import (
     ProtocolError,
@@ -73,6 +77,7 @@ from agentrl.engine_pool.sglang_api import (
     parse_version,
 )
 from agentrl.engine_pool.weight_group import DEFAULT_GROUP, join_group, leave_group, receive
+from agentrl.models import load_tokenizer
 
 _HEALTH_TIMEOUT_S = 20.0
 
@@ -434,13 +439,24 @@ async def serve(
     dtype: str = "float32",
     fp8_weights: bool = False,
     device: str = "cpu",
+    served_model_name: str | None = None,
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Load ``model`` into a :class:`LocalEngine` on ``device`` and serve it until cancelled."""
+    """Load ``model`` into a :class:`LocalEngine` on ``device`` and serve it until cancelled,
+    with the OpenAI-compatible routes of :mod:`agentrl.engine_pool.gateway` (model id
+    ``served_model_name``, default ``model`` as given) beside SGLang's."""
     async with LocalEngine(
         model, max_batch_size=max_batch_size, dtype=dtype, fp8_weights=fp8_weights, device=device
     ) as engine:
-        runner = web.AppRunner(EngineServer(engine, model_path=str(model)).app, access_log=None)
+        server = EngineServer(engine, model_path=str(model))
+        gateway = Gateway(
+            engine,
+            load_tokenizer(model),
+            model_name=served_model_name or str(model),
+            context_length=getattr(engine.model.config, "max_position_embeddings", None),
+        )
+        GatewayRoutes(gateway).add_to(server.app)
+        runner = web.AppRunner(server.app, access_log=None)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()

@@ -1,0 +1,270 @@
+"""``Gateway``: OpenAI's chat and text completions over any :class:`~agentrl.engine_pool.Engine`.
+
+The gateway does what the rollout runner does, with the same parts: the prompt comes from a
+:class:`~agentrl.tokenization.TrajectoryBuilder` over the messages and tool schemas (so the chat
+template renders the tools as it does for environments), the engine is sent token ids only, the
+reply is the sampled ids decoded as the runner decodes them (special tokens skipped), and tool calls
+are read from that text by the parser environments use (:class:`~agentrl.tools.HermesParser`
+unless another is given). Calls made in a session are recorded token-exactly
+(:mod:`agentrl.engine_pool.gateway.sessions`).
+
+Errors are :class:`~agentrl.engine_pool.gateway.protocol.GatewayError`: 404 for an unknown model,
+400 for a malformed request, a template that refuses the conversation or a prompt that does not fit
+the context (``code="context_length_exceeded"``), 503 when the engine cannot serve
+(:class:`~agentrl.engine_pool.EngineError`). A failed call changes no session.
+
+Sampling: ``n`` choices are ``n`` engine requests from the same prompt, run concurrently; with a
+``seed``, choice ``i`` is sampled with ``seed + i``. Chat requests stop on the template's
+end-of-turn ids besides the engine's own. ``max_tokens`` defaults to the room left in the context
+(``context_length``, when known).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl.engine_pool.engine import Engine, EngineError, GenerateResult, SamplingParams
+from agentrl.engine_pool.gateway.messages import parse_reply, template_messages
+from agentrl.engine_pool.gateway.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    GatewayError,
+    Sampling,
+    bad_request,
+)
+from agentrl.engine_pool.gateway.responses import Choice, finish_reason
+from agentrl.engine_pool.gateway.sessions import (
+    CallRecord,
+    Session,
+    SessionStore,
+    Start,
+    fork,
+)
+from agentrl.tokenization import (
+    ChatFormat,
+    SeamPolicy,
+    TemplateError,
+    TemplatePolicy,
+    TemplateWarning,
+    TrajectoryBuilder,
+    check_template,
+)
+from agentrl.tools.parsers import HermesParser, ToolCallParser
+
+
+@dataclasses.dataclass(frozen=True)
+class Completed:
+    """A finished call: the prompt's ids and the choices; ``header`` for the response body."""
+
+    header: dict[str, Any]
+    prompt_ids: list[int]
+    choices: list[Choice]
+
+
+class Gateway:
+    """OpenAI's API over ``engine`` for the model ``model_name`` (see the module docstring).
+
+    ``tokenizer`` gives the chat template (``chat_template`` replaces it); ``tool_parser`` reads
+    tool calls; ``template_policy`` and ``seams`` are the builder's (:class:`TemplatePolicy`,
+    :class:`SeamPolicy`); ``context_length`` bounds prompt plus completion; ``max_sessions``
+    bounds the open sessions.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        *,
+        model_name: str,
+        context_length: int | None = None,
+        chat_template: str | None = None,
+        tool_parser: ToolCallParser | None = None,
+        template_policy: TemplatePolicy | str = TemplatePolicy.KEEP,
+        seams: SeamPolicy | str = SeamPolicy.KEEP,
+        max_sessions: int = 10_000,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.context_length = context_length
+        self.format = ChatFormat.of(tokenizer, chat_template)
+        self.parser = tool_parser if tool_parser is not None else HermesParser()
+        self.template_policy = TemplatePolicy(template_policy)
+        self.seams = SeamPolicy(seams)
+        self.sessions = SessionStore(max_sessions)
+        self.created = int(time.time())
+
+    def models(self) -> dict[str, Any]:
+        """The ``/v1/models`` body: the one model served."""
+        card = {"id": self.model_name, "object": "model", "created": self.created}
+        card |= {"owned_by": "agentrl", "max_model_len": self.context_length}
+        return {"object": "list", "data": [card]}
+
+    def check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise GatewayError(
+                404,
+                f"the model {model!r} does not exist here; this gateway serves "
+                f"{self.model_name!r} (GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
+
+    # -- chat ------------------------------------------------------------------------------
+
+    async def chat(self, request: ChatRequest, session_id: str | None = None) -> Completed:
+        """Run one chat completion; in a session, record it (see the module docstring)."""
+        self.check_model(request.model)
+        # a session is made by its first call that succeeds: a failed call changes nothing
+        session = self.sessions.find(session_id) if session_id is not None else None
+        start = self._start(request, session)
+        prompt = start.builder.prompt_ids()
+        sampling = self._sampling(request.sampling, len(prompt), self.format.end_of_turn_ids)
+        results = await self._generate(prompt, sampling, request.sampling.n, session_id)
+        parser = self.parser if request.tools and request.tool_choice == "auto" else None
+        choices = []
+        for i, result in enumerate(results):
+            text = self._text(result)
+            reply = parse_reply(text, parser)
+            choices.append(Choice(i, result, text, reply, finish_reason(result, reply)))
+        if session_id is not None:
+            session = self.sessions.open(session_id)
+            system = start.builder.messages[0]["role"] == "system"
+            verdict = check_template(self.format).verdict([start.use], system).value
+            outcomes = [
+                (
+                    c.reply.normalized(),
+                    CallRecord(
+                        session.calls,
+                        c.index,
+                        start.segment is not None,
+                        verdict,
+                        len(prompt),
+                        len(c.result.token_ids),
+                        c.finish_reason,
+                        len(c.reply.tool_calls),
+                    ),
+                    c.result,
+                )
+                for c in choices
+            ]
+            session.commit(start, request.messages, request.tools, outcomes)
+        return Completed(self._header("chatcmpl"), prompt, choices)
+
+    def _start(self, request: ChatRequest, session: Session | None) -> Start:
+        """The builder that holds this call's prompt: a fork of the segment it extends, or new."""
+        use = "tools" if request.tools else "plain"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TemplateWarning)  # the verdict is recorded
+                if session is not None:
+                    found = session.extension(request.messages, request.tools)
+                    if found is not None:
+                        segment, new = found
+                        builder = fork(segment.builder)
+                        builder.add_messages(self._template(new, session))
+                        return Start(builder, segment, segment.version, use if new else "no_reply")
+                builder = TrajectoryBuilder(
+                    self.format,
+                    self._template(request.messages, session),
+                    tools=request.tools,
+                    policy=self.template_policy,
+                    seams=self.seams,
+                )
+        except TemplateError as exc:
+            raise bad_request(f"the chat template cannot render these messages: {exc}") from None
+        return Start(builder, use=use)
+
+    def _template(self, messages: list[dict[str, Any]], session: Session | None) -> list[Any]:
+        known = session.known_reply if session is not None else (lambda message: None)
+        return template_messages(messages, self.format, self.parser, known)
+
+    # -- text completions ------------------------------------------------------------------
+
+    async def complete(self, request: CompletionRequest) -> Completed:
+        """Run one text completion (a string prompt is encoded as the tokenizer does by default)."""
+        self.check_model(request.model)
+        if isinstance(request.prompt, str):
+            prompt = list(self.tokenizer.encode(request.prompt))
+        else:
+            prompt = list(request.prompt)
+        sampling = self._sampling(request.sampling, len(prompt), ())
+        results = await self._generate(prompt, sampling, request.sampling.n, None)
+        choices = []
+        for i, result in enumerate(results):
+            text = self._text(result)
+            choices.append(Choice(i, result, text, parse_reply(text, None), result.finish_reason))
+        return Completed(self._header("cmpl"), prompt, choices)
+
+    # -- shared ----------------------------------------------------------------------------
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def _text(self, result: GenerateResult) -> str:
+        text = str(self.tokenizer.decode(result.token_ids, skip_special_tokens=True))
+        if result.matched_stop is not None and (cut := text.find(result.matched_stop)) >= 0:
+            text = text[:cut]
+        return text
+
+    def _sampling(
+        self, sampling: Sampling, prompt_tokens: int, stop_ids: frozenset[int] | tuple[int, ...]
+    ) -> SamplingParams:
+        room = None if self.context_length is None else self.context_length - prompt_tokens
+        if room is not None and (room < 1 or (sampling.max_tokens or 0) > room):
+            asked = f" plus max_tokens={sampling.max_tokens}" if sampling.max_tokens else ""
+            raise bad_request(
+                f"the prompt has {prompt_tokens} tokens{asked}; the model's context holds "
+                f"{self.context_length}",
+                "messages",
+                "context_length_exceeded",
+            )
+        try:
+            return SamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_new_tokens=sampling.max_tokens or room or 256,
+                stop_token_ids=tuple(sorted(stop_ids)),
+                stop=sampling.stop,
+                seed=sampling.seed,
+            )
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+
+    async def _generate(
+        self, prompt: list[int], sampling: SamplingParams, n: int, routing: str | None
+    ) -> list[GenerateResult]:
+        """``n`` generations from ``prompt``; one failing cancels the others."""
+        seeds = [None if sampling.seed is None else (sampling.seed + i) % 2**63 for i in range(n)]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(
+                        self.engine.generate(
+                            prompt, dataclasses.replace(sampling, seed=seed), session_id=routing
+                        )
+                    )
+                    for seed in seeds
+                ]
+        except* EngineError as errors:
+            message = str(errors.exceptions[0])
+            raise GatewayError(
+                503, f"the engine cannot serve: {message}", type="server_error", code="engine_error"
+            ) from None
+        except* (ValueError, TypeError) as errors:
+            raise bad_request(f"the engine refused the request: {errors.exceptions[0]}") from None
+        return [task.result() for task in tasks]
+
+    def _header(self, prefix: str) -> dict[str, Any]:
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": self.model_name,
+        }
