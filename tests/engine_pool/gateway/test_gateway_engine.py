@@ -1,0 +1,106 @@
+"""The gateway in-process over the embedded engine, with the async ``openai`` SDK: a dead engine
+answers 503 and loses no session, a template that is not append-only is recorded (policy keep) or
+refused (strict), and sessions named by header."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+
+from agentrl.engine_pool.gateway import SESSION_HEADER, Gateway, GatewayRoutes
+from agentrl.engine_pool.sglang_engine import free_port
+from agentrl.tokenization import builtin_template
+
+pytestmark = pytest.mark.slow
+
+SAY = [{"role": "user", "content": "Say hello."}]
+
+
+@contextlib.asynccontextmanager
+async def serving(gateway: Gateway) -> AsyncIterator[str]:
+    """The gateway's routes on a loopback port of this event loop."""
+    app = web.Application()
+    GatewayRoutes(gateway).add_to(app)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def client(url: str, **options) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, **options)
+
+
+async def get(url: str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        return response.status, await response.json()
+
+
+async def test_a_dead_engine_answers_503_and_loses_no_session(engine, tokenizer):
+    gateway = Gateway(engine, tokenizer, model_name="smollm2", context_length=8192)
+    session = f"dead-{uuid.uuid4().hex}"
+    async with serving(gateway) as url:
+        sdk = client(url, default_headers={SESSION_HEADER: session})
+        first = await sdk.chat.completions.create(
+            model="smollm2", messages=SAY, max_tokens=3, temperature=0
+        )
+        await engine.aclose()
+        history = [*SAY, first.choices[0].message, {"role": "user", "content": "Again."}]
+        with pytest.raises(openai.InternalServerError) as caught:
+            await sdk.chat.completions.create(model="smollm2", messages=history, max_tokens=3)
+        assert caught.value.status_code == 503
+        assert caught.value.body["code"] == "engine_error"
+        assert [m.id for m in (await sdk.models.list()).data] == ["smollm2"]
+        status, summary = await get(f"{url}/sessions/{session}")
+        assert (status, summary["calls"], summary["segments"], summary["splits"]) == (200, 1, 1, 0)
+        other = client(f"{url}/sessions/{session}", default_headers={SESSION_HEADER: "other"})
+        with pytest.raises(openai.BadRequestError) as caught:  # header and URL disagree
+            await other.chat.completions.create(model="smollm2", messages=SAY, max_tokens=1)
+        assert caught.value.body["param"] == SESSION_HEADER
+
+
+async def test_a_template_that_is_not_append_only_is_recorded_or_refused(engine, tokenizer):
+    template = builtin_template("reasoning_stripped")
+    kept = Gateway(
+        engine, tokenizer, model_name="smollm2", context_length=8192, chat_template=template
+    )
+    session = f"stripped-{uuid.uuid4().hex}"
+    async with serving(kept) as url:
+        sdk = client(f"{url}/sessions/{session}")
+        first = await sdk.chat.completions.create(
+            model="smollm2", messages=SAY, max_tokens=4, temperature=0
+        )
+        history = [*SAY, first.choices[0].message, {"role": "user", "content": "Again."}]
+        second = await sdk.chat.completions.create(
+            model="smollm2", messages=history, max_tokens=4, temperature=0
+        )
+        status, record = await get(f"{url}/sessions/{session}/trajectories")
+    assert (status, record["verdicts"], record["splits"]) == (200, {"not_append_only": 2}, 0)
+    (segment,) = record["segments"]
+    body = second.model_dump()
+    assert (
+        segment["trajectory"]["input_ids"]
+        == body["prompt_token_ids"] + body["choices"][0]["token_ids"]
+    )
+
+    strict = Gateway(
+        engine,
+        tokenizer,
+        model_name="smollm2",
+        chat_template=template,
+        template_policy="strict",
+    )
+    async with serving(strict) as url:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client(url).chat.completions.create(model="smollm2", messages=SAY, max_tokens=1)
+    assert "append-only" in caught.value.body["message"]
