@@ -1,7 +1,8 @@
 """Evaluation of a policy: every task of its environments, ``k`` samples each, pass@k.
 
-:mod:`.config` (``EvalConfig``), :mod:`.run` (running and resuming), :mod:`.report` (the numbers),
-:mod:`.passk` (the estimator), :mod:`.cli` (``agentrl eval``).
+:mod:`.config` (``EvalConfig``), :mod:`.policy` (the model or run checkpoint served), :mod:`.run`
+(running and resuming), :mod:`.report` (the numbers), :mod:`.passk` (the estimator), :mod:`.cli`
+(``agentrl eval``).
 """
 
 from agentrl.evaluation.config import EvalConfig

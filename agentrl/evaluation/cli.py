@@ -4,6 +4,7 @@ Examples::
 
     agentrl eval examples/eval/math_cpu.yaml
     agentrl eval examples/eval/math_cpu.yaml eval.k=4 eval.max_tasks=20 model.path=runs/x/hf
+    agentrl eval examples/eval/math_cpu.yaml model.path=runs/x   # its newest checkpoint
     agentrl eval examples/eval/math_cpu.yaml engines.urls='[http://10.0.0.5:30000]'
     agentrl eval --help-config           # every key, its default and what it does
     agentrl eval --compare runs/eval/base runs/eval/sft   # their summaries side by side
@@ -68,25 +69,47 @@ async def _evaluate(config: EvalConfig, console: Console) -> int:
     import agentrl  # noqa: F401  (registers environments)
     from agentrl.config import ConfigError
     from agentrl.engine_pool import EnginePool, LocalEngine, SGLangEngine
+    from agentrl.evaluation.policy import load_policy, resolve_policy
     from agentrl.evaluation.report import markdown, write_reports
     from agentrl.evaluation.run import EPISODES, evaluate, planned_tasks, read_episodes
     from agentrl.models import load_tokenizer
 
     try:
+        policy = resolve_policy(config.model)
+        if policy.checkpoint is not None and config.engines.urls:
+            raise ValueError(
+                f"model.path names checkpoint {policy.checkpoint}, but engines.urls serve their "
+                "own weights: evaluate it with the embedded engine (engines.urls=[]), or start "
+                "the servers from the run's exported hf/"
+            )
+        # What is evaluated, as recorded (a resumed evaluation of a run directory whose newest
+        # checkpoint changed since is refused) and reported.
+        config = config.model_copy(
+            update={"model": config.model.model_copy(update={"path": policy.path})}
+        )
         planned = len(await planned_tasks(config))
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]", highlight=False)
         return 2
     out = Path(config.eval.output_dir)
     done = len(read_episodes(out / EPISODES))
-    with console.status(f"loading {config.model.path}"):
-        tokenizer = load_tokenizer(config.model.path)
+    with console.status(f"loading {policy.path}"):
+        tokenizer = load_tokenizer(policy.model)
         engine: EnginePool | LocalEngine
         if config.engines.urls:
             engine = EnginePool([SGLangEngine(url) for url in config.engines.urls])
+        elif policy.checkpoint is not None:
+            try:
+                model = await asyncio.to_thread(load_policy, policy, config.engines.dtype)
+            except ValueError as exc:
+                console.print(f"[red]{exc}[/red]", highlight=False)
+                return 2
+            engine = LocalEngine(
+                model, tokenizer=tokenizer, max_batch_size=config.engines.max_batch_size
+            )
         else:
             engine = LocalEngine(
-                config.model.path,
+                policy.model,
                 tokenizer=tokenizer,
                 max_batch_size=config.engines.max_batch_size,
                 dtype=config.engines.dtype,

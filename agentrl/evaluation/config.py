@@ -5,11 +5,28 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.config import Config, RunConfig, reference_markdown
 from agentrl.models import ModelConfig
 from agentrl.rollout.mixture import EnvConfig
+
+
+class EvalModelConfig(ModelConfig):
+    """The policy evaluated: a model as in training, or a run's checkpoint
+    (:mod:`agentrl.evaluation.policy`)."""
+
+    path: str = "smollm2"
+    """``"smollm2"``, a Hugging Face model directory (e.g. a run's ``hf/``) or a .gguf; or a run's
+    checkpoint: a step directory (``<output_dir>/checkpoints/step_00000040``), a checkpoint
+    directory (its newest complete step) or a run's ``output_dir`` (its newest complete
+    checkpoint, else its ``hf/``). A checkpoint's policy weights are loaded into ``base``; its
+    critic and optimizer state are not read. With ``engines.urls`` only a model (the servers'
+    tokenizer), not a checkpoint."""
+    base: str | None = None
+    """For a checkpoint: the model the run trained (its ``model.path``), which the weights are
+    loaded into and whose tokenizer is used; None: the ``model.path`` of the run's
+    ``config.yaml`` (``<output_dir>/config.yaml``)."""
 
 
 class EvalEnginesConfig(Config):
@@ -80,10 +97,16 @@ class EvalConfig(RunConfig):
     WHAT: ClassVar[str] = "eval config"
 
     env: EnvConfig = Field(default_factory=EnvConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: EvalModelConfig = Field(default_factory=EvalModelConfig)
     engines: EvalEnginesConfig = Field(default_factory=EvalEnginesConfig)
     sampling: EvalSamplingConfig = Field(default_factory=EvalSamplingConfig)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _training_model(cls, value: Any) -> Any:
+        """Validation during training gives its run's ``ModelConfig``."""
+        return value.model_dump() if type(value) is ModelConfig else value
 
     def identity(self) -> dict[str, Any]:
         """What the episodes depend on: a resumed run must match it (concurrency, engines and

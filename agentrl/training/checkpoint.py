@@ -40,6 +40,10 @@ comes from the loading actor's config. Tied weights are stored under each of the
 :func:`export_hf` writes the current weights as a Hugging Face model directory (config, generation
 config, safetensors, tokenizer with its chat template) that ``from_pretrained`` loads; it is not
 atomic, and holds the full model in rank 0's CPU memory.
+
+Outside a run (``agentrl eval`` of a checkpoint): :func:`checkpoint_at` finds the complete step a
+step or checkpoint directory names, and :func:`load_model_weights` loads its policy weights into
+a plain model in one process, with no process group.
 """
 
 from __future__ import annotations
@@ -81,6 +85,10 @@ RNG_DIR = "rng"
 STEP_DIR = re.compile(r"step_(\d{8,})")
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
+ANY_STEP_DIR = re.compile(
+    rf"(?:{re.escape(TMP_PREFIX)}|{re.escape(OLD_PREFIX)})?{STEP_DIR.pattern}"
+)
+"""A step directory, published or in the middle of a save."""
 
 
 def resume_from(
@@ -202,17 +210,7 @@ class CheckpointManager:
         """
         use_device(actor.device)
         path = Path(path)
-        if not path.is_dir():
-            raise FileNotFoundError(f"no checkpoint directory at {path}")
-        if not (path / STATE_FILE).is_file() or not (path / ".metadata").is_file():
-            raise ValueError(
-                f"{path} is not a complete checkpoint (no {STATE_FILE} or .metadata): an "
-                "interrupted save, or not a step_* directory; CheckpointManager.latest() "
-                "returns complete ones only"
-            )
-        state = json.loads((path / STATE_FILE).read_text())
-        if state.get("format") != FORMAT:
-            raise ValueError(f"{path}: checkpoint format {state.get('format')}, expected {FORMAT}")
+        state = read_trainer_state(path)
         models = {"": actor} if critic is None else {"": actor, "critic_": critic}
         if critic is not None and "critic_scheduler" not in state:
             raise ValueError(
@@ -255,6 +253,77 @@ class CheckpointManager:
         for path in self.directory.iterdir():
             if path.is_dir() and path.name.startswith((TMP_PREFIX, OLD_PREFIX)):
                 shutil.rmtree(path)
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """``trainer_state.json`` of the complete checkpoint ``path``. Raises ``FileNotFoundError``
+    if ``path`` is not a directory, ``ValueError`` if it is not a complete checkpoint of this
+    format."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint directory at {path}")
+    if not (path / STATE_FILE).is_file() or not (path / ".metadata").is_file():
+        raise ValueError(
+            f"{path} is not a complete checkpoint (no {STATE_FILE} or .metadata): an "
+            "interrupted save, or not a step_* directory; CheckpointManager.latest() "
+            "returns complete ones only"
+        )
+    state: dict[str, Any] = json.loads((path / STATE_FILE).read_text())
+    if state.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {state.get('format')}, expected {FORMAT}")
+    return state
+
+
+def checkpoint_at(path: Path) -> Path | None:
+    """The complete checkpoint ``path`` names, for reading one outside its run (``agentrl eval``).
+
+    ``path`` itself if it is a step directory (named ``step_*``, or holding ``.metadata`` or
+    ``trainer_state.json``); the newest complete step if it is a checkpoint directory (holding
+    ``step_*`` directories or interrupted saves), as :meth:`CheckpointManager.latest` chooses;
+    ``None`` if it is neither (or not a directory). Raises ``ValueError`` naming the path if what
+    it names is not complete: an interrupted save (``.tmp-step_*``), a step without
+    ``trainer_state.json``, a checkpoint directory with no complete step.
+    """
+    if not path.is_dir():
+        return None
+    if ANY_STEP_DIR.fullmatch(path.name) or any(
+        (path / name).exists() for name in (STATE_FILE, ".metadata")
+    ):
+        if path.name.startswith((TMP_PREFIX, OLD_PREFIX)):
+            raise ValueError(
+                f"{path} is an interrupted save, not a checkpoint: a save is published as "
+                f"step_* once every rank has written; use a complete step_* beside it"
+            )
+        read_trainer_state(path)
+        return path
+    steps = sorted(p.name for p in path.iterdir() if ANY_STEP_DIR.fullmatch(p.name))
+    if not steps:
+        return None
+    latest = CheckpointManager(path, keep_last=None).latest()
+    if latest is None:
+        raise ValueError(
+            f"checkpoint directory {path} holds no complete checkpoint (a step_* directory with "
+            f"{STATE_FILE}, written last): only {steps}, interrupted saves or partial copies"
+        )
+    return latest
+
+
+def load_model_weights(path: Path, model: nn.Module) -> None:
+    """Copy the policy weights of the checkpoint ``path`` into ``model``, in this process.
+
+    ``model`` is a plain, unsharded model of the architecture the run trained (e.g. the run's
+    ``model.path`` loaded afresh); the checkpoint may come from any number of ranks. No process
+    group is needed (``dcp.load(no_dist=True)`` reads every rank's shards), and only the policy's
+    weights are read: critic and optimizer state stay on disk. Weights arrive bit for bit in the
+    saved dtype (float32) and are rounded by a cast into another. Raises as
+    :func:`read_trainer_state`, and ``ValueError`` naming the path and the differences if the
+    checkpoint's parameter names or shapes are not the model's, before anything changes.
+    """
+    read_trainer_state(path)
+    state = model.state_dict()  # tensors sharing the parameters' storage: loaded in place
+    check_fits(path, state)
+    with warnings.catch_warnings():  # that it reads in one process, as asked
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
 
 
 def check_fits(path: Path, model_state: Mapping[str, Any], *, prefix: str = "model") -> None:
