@@ -98,7 +98,7 @@ class SessionRecord:
 class _Segment:
     builder: TrajectoryBuilder
     tools: str  # the tool schemas, as canonical JSON
-    history: list[Message]  # the OpenAI messages the ids stand for, ending with a reply
+    keys: list[str]  # message_key of each OpenAI message the ids stand for, ending with a reply
     calls: list[CallRecord] = field(default_factory=list)
     version: int = 0  # bumped by every call that extends it
 
@@ -114,8 +114,15 @@ class Start:
 
 
 def fork(builder: TrajectoryBuilder) -> TrajectoryBuilder:
-    """An independent copy of ``builder`` that shares its (immutable, cached) chat format."""
-    return copy.deepcopy(builder, {id(builder.format): builder.format})
+    """An independent copy of ``builder``: its lists and dicts are copied one level deep, which is
+    enough because a builder only appends to them (ids, masks, frozen segments, message dicts it
+    never changes in place); the chat format and tool schemas are shared. A deep copy would cost
+    time linear in every id and message of the trajectory, on every call."""
+    copied = copy.copy(builder)
+    for name, value in vars(copied).items():
+        if isinstance(value, list | dict):
+            setattr(copied, name, copy.copy(value))
+    return copied
 
 
 def tools_key(tools: list[dict[str, Any]] | None) -> str:
@@ -149,16 +156,16 @@ class Session:
         tools_json = tools_key(tools)
         best: _Segment | None = None
         for segment in self.segments:
-            n = len(segment.history)
+            n = len(segment.keys)
             if segment.tools != tools_json or n > len(messages):
                 continue
-            if best is not None and n <= len(best.history):
+            if best is not None and n <= len(best.keys):
                 continue
             if any(m["role"] == "assistant" for m in messages[n:]):
                 continue
-            if keys[:n] == [message_key(m) for m in segment.history]:
+            if keys[:n] == segment.keys:
                 best = segment
-        return None if best is None else (best, messages[len(best.history) :])
+        return None if best is None else (best, messages[len(best.keys) :])
 
     def known_reply(self, message: Message) -> str | None:
         """The sampled text of a reply this session returned that equals ``message``."""
@@ -175,21 +182,22 @@ class Session:
         :class:`~agentrl.engine_pool.GenerateResult`, appended to a fork of ``start.builder``."""
         builders = [start.builder, *(fork(start.builder) for _ in outcomes[1:])]
         self.calls += 1
+        self.verdicts[outcomes[0][1].verdict] += 1  # one verdict per call, whatever its n
+        request_keys = [message_key(m) for m in messages]
         for builder, (reply, record, result) in zip(builders, outcomes, strict=True):
             versions = result.token_weight_versions or result.weight_version
             builder.add_completion(result.token_ids, result.logprobs, versions)
             self._replies[message_key(reply)] = builder.messages[-1]["content"]
-            self.verdicts[record.verdict] += 1
-            history = [*messages, reply]
+            keys = [*request_keys, message_key(reply)]
             segment = start.segment
             if record.choice == 0 and segment is not None and self._current(segment, start):
-                segment.builder, segment.history = builder, history
+                segment.builder, segment.keys = builder, keys
                 segment.calls.append(record)
                 segment.version += 1
                 continue
             if record.choice == 0 and self.segments:
                 self.splits += 1
-            self.segments.append(_Segment(builder, tools_key(tools), history, [record]))
+            self.segments.append(_Segment(builder, tools_key(tools), keys, [record]))
 
     def _current(self, segment: _Segment, start: Start) -> bool:
         """Whether ``segment`` is still this session's and unchanged since ``start``."""

@@ -195,3 +195,19 @@ def test_sessions_extend_only_unchanged_histories(tokenizer):
         record.segments[0].trajectory.input_ids[: len(extended.prompt_ids())]
         == extended.prompt_ids()
     )
+
+
+def test_a_fork_grows_apart_from_its_builder(tokenizer):
+    fmt = ChatFormat.of(tokenizer)
+    builder = TrajectoryBuilder(fmt, USER)
+    reply = [*fmt.encode("hello"), *sorted(fmt.end_of_turn_ids)[:1]]
+    builder.add_completion(reply, [-1.0] * len(reply), 0)
+    before = (builder.prompt_ids(), builder.messages, builder.trajectory)
+    forked = fork(builder)
+    forked.add_messages([{"role": "user", "content": "more"}])
+    forked.add_completion(reply, [-2.0] * len(reply), 1)
+    assert (builder.prompt_ids(), builder.messages, builder.trajectory) == before
+    assert forked.prompt_ids()[: len(before[0])] == before[0]
+    assert len(forked.messages) == len(before[1]) + 2
+    builder.add_messages([{"role": "user", "content": "other"}])  # the original goes on alone
+    assert forked.messages[2]["content"] == "more"
