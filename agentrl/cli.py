@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "check-template": ("agentrl.tokenization.cli", "check whether a chat template is append-only"),
     "swe": ("agentrl.envs.swe.taskgen.cli", "generate verified SWE-bench instances from sdists"),
     "retriever": ("agentrl.tools.retriever_cli", "build a retrieval index or serve one over HTTP"),
+    "env": ("agentrl.env_server.cli", "serve an environment in OpenEnv's protocol (env serve)"),
 }
 
 

@@ -1,0 +1,46 @@
+"""``agentrl env serve`` (the real command, ``agentrl.cli.main``) with the tests' environments
+registered: ``python serve_test_envs.py serve ENV_ID ...``.
+
+- ``tests/Echo-v0``: the example plugin's EchoEnv (say the secret word; the word depends on the seed).
+- ``tests/InfraFault-v0``: a step whose text holds ``fault`` reports an infrastructure error
+  (``info["infra_error"]``) with reward 0, as Code-v0 does when no grading sandbox starts; with
+  ``fail_after=N`` the constructor raises after N instances (the server's probe is the first).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "agentrl-echo"))
+
+from agentrl.cli import main
+from agentrl.envs import INFRA_ERROR, AgentEnv, register_env
+
+
+class InfraFaultEnv(AgentEnv):
+    """Say ok; a step holding "fault" could not be judged (infra_error)."""
+
+    made: ClassVar[int] = 0
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        if fail_after is not None and InfraFaultEnv.made >= fail_after:
+            raise RuntimeError(f"no sandbox left after {fail_after} environments")
+        InfraFaultEnv.made += 1
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        await super().areset(seed=seed, options=options)
+        return [{"role": "user", "content": "Say ok."}], {"tools": []}
+
+    async def astep(self, action: str):
+        if "fault" in action:
+            return [], 0.0, True, False, {INFRA_ERROR: "the grading sandbox could not start"}
+        return [], float("ok" in action), True, False, {}
+
+
+register_env("tests/Echo-v0", "agentrl_echo:EchoEnv")
+register_env("tests/InfraFault-v0", InfraFaultEnv)
+
+if __name__ == "__main__":
+    raise SystemExit(main(["env", *sys.argv[1:]]))
