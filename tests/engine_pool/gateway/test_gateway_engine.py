@@ -1,6 +1,7 @@
-"""The gateway in-process over the embedded engine, with the async ``openai`` SDK: a dead engine
-answers 503 and loses no session, a template that is not append-only is recorded (policy keep) or
-refused (strict), and sessions named by header."""
+"""The gateway in-process over the embedded engine (and over an EnginePool of one ``agentrl serve``
+app), with the async ``openai`` SDK: a dead engine answers 503 and loses no session, a template
+that is not append-only is recorded (policy keep) or refused (strict), sessions named by header,
+stop strings."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 from aiohttp import web
 
 from agentrl.engine_pool.gateway import SESSION_HEADER, Gateway, GatewayRoutes
-from agentrl.engine_pool.sglang_engine import free_port
+from agentrl.engine_pool.pool import EnginePool
+from agentrl.engine_pool.server import EngineServer
+from agentrl.engine_pool.sglang_engine import SGLangEngine, free_port
 from agentrl.tokenization import builtin_template
 
 pytestmark = pytest.mark.slow
@@ -104,3 +107,48 @@ async def test_a_template_that_is_not_append_only_is_recorded_or_refused(engine,
         with pytest.raises(openai.BadRequestError) as caught:
             await client(url).chat.completions.create(model="smollm2", messages=SAY, max_tokens=1)
     assert "append-only" in caught.value.body["message"]
+
+
+async def test_a_stop_string_ends_the_reply_and_the_tokens_stay_as_sampled(engine, tokenizer):
+    gateway = Gateway(engine, tokenizer, model_name="smollm2", context_length=8192)
+    messages = [{"role": "user", "content": "Count from 1 to 9, separated by commas."}]
+    async with serving(gateway) as url:
+        sdk = client(url)
+        free = await sdk.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=12, temperature=0
+        )
+        stopped = await sdk.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=12, temperature=0, stop=["3"]
+        )
+    text = free.choices[0].message.content
+    assert "3" in text, text  # the stop string is in the unconstrained reply
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].message.content == text[: text.index("3")]
+    sampled = stopped.model_dump()["choices"][0]["token_ids"]
+    assert (
+        "3" in tokenizer.decode(sampled)
+        and sampled == free.model_dump()["choices"][0]["token_ids"][: len(sampled)]
+    )
+
+
+async def test_the_gateway_over_a_pool_answers_503_when_no_engine_is_left(engine, tokenizer):
+    server = web.AppRunner(EngineServer(engine, model_path="smollm2").app, access_log=None)
+    await server.setup()
+    port = free_port()
+    await web.TCPSite(server, "127.0.0.1", port).start()
+    try:
+        async with EnginePool([SGLangEngine(f"http://127.0.0.1:{port}")]) as pool:
+            gateway = Gateway(pool, tokenizer, model_name="smollm2", context_length=8192)
+            async with serving(gateway) as url:
+                sdk = client(url)
+                answer = await sdk.chat.completions.create(
+                    model="smollm2", messages=SAY, max_tokens=2
+                )
+                assert answer.choices[0].finish_reason in ("stop", "length")
+                await engine.aclose()  # the server stays up and answers 503
+                with pytest.raises(openai.InternalServerError) as caught:
+                    await sdk.chat.completions.create(model="smollm2", messages=SAY, max_tokens=2)
+                assert caught.value.status_code == 503
+                assert [m.id for m in (await sdk.models.list()).data] == ["smollm2"]
+    finally:
+        await server.cleanup()
