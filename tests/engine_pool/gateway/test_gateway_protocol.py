@@ -4,6 +4,7 @@ an engine (SmolLM2's tokenizer and template are real; engine outputs are its enc
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -211,3 +212,23 @@ def test_a_fork_grows_apart_from_its_builder(tokenizer):
     assert len(forked.messages) == len(before[1]) + 2
     builder.add_messages([{"role": "user", "content": "other"}])  # the original goes on alone
     assert forked.messages[2]["content"] == "more"
+
+
+def test_template_messages_give_calls_to_templates_that_render_them(tokenizer):
+    """Qwen3's published template (tests/tokenization/real_templates) writes tool_calls itself."""
+    template = Path(__file__).parents[2] / "tokenization" / "real_templates" / "qwen3.jinja"
+    fmt = ChatFormat(tokenizer, template.read_text())
+    assert renders_tool_calls(fmt)
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    request = chat(
+        messages=[
+            *USER,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        ]
+    )
+    rendered = template_messages(request.messages, fmt, HermesParser())
+    assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    text = fmt.render(rendered, add_generation_prompt=True)
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>' in text
+    assert "<tool_response>\n1\n</tool_response>" in text
