@@ -232,3 +232,31 @@ def test_template_messages_give_calls_to_templates_that_render_them(tokenizer):
     text = fmt.render(rendered, add_generation_prompt=True)
     assert '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>' in text
     assert "<tool_response>\n1\n</tool_response>" in text
+
+
+def test_two_calls_extending_one_segment_at_once_branch(tokenizer):
+    """Both calls forked the segment at the same version: the first to finish extends it, the
+    other becomes a new segment (a split); both stay token-exact."""
+    fmt = ChatFormat.of(tokenizer)
+    session = Session("s")
+    first = [{"role": "user", "content": "Hi"}]
+    reply = _reply(session, Start(TrajectoryBuilder(fmt, first)), first, "Hello.")
+    (segment,) = session.segments
+    starts = []
+    for text in ("a", "b"):
+        messages = [*first, reply, {"role": "user", "content": text}]
+        segment_now, new = session.extension(messages, None)
+        assert segment_now is segment
+        builder = fork(segment.builder)
+        builder.add_messages(new)
+        start = Start(builder, segment, segment.version, "plain")
+        starts.append((start, messages, builder.prompt_ids()))
+    for (start, messages, _), text in zip(starts, ("A.", "B."), strict=True):
+        _reply(session, start, messages, text)
+    record = session.record()
+    assert (record.calls, record.splits, len(record.segments)) == (3, 1, 2)
+    for segment_record, (_, _, prompt), (asked, answer) in zip(
+        record.segments, starts, [("a", "A."), ("b", "B.")], strict=True
+    ):
+        assert segment_record.trajectory.input_ids[: len(prompt)] == prompt
+        assert [m["content"] for m in segment_record.messages[-2:]] == [asked, answer]
