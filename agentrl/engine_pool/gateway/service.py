@@ -70,7 +70,8 @@ class Completed:
 class Gateway:
     """OpenAI's API over ``engine`` for the model ``model_name`` (see the module docstring).
 
-    ``tokenizer`` gives the chat template (``chat_template`` replaces it); ``tool_parser`` reads
+    ``tokenizer`` gives the chat template (``chat_template`` replaces it; without either, only
+    text completions are served and chat completions answer 400); ``tool_parser`` reads
     tool calls; ``template_policy`` and ``seams`` are the builder's (:class:`TemplatePolicy`,
     :class:`SeamPolicy`); ``context_length`` bounds prompt plus completion; ``max_sessions``
     bounds the open sessions.
@@ -93,7 +94,14 @@ class Gateway:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.context_length = context_length
-        self.format = ChatFormat.of(tokenizer, chat_template)
+        try:
+            self._format: ChatFormat | None = ChatFormat.of(tokenizer, chat_template)
+            self._no_chat = ""
+        except TemplateError as exc:
+            if chat_template is not None:
+                raise
+            # a tokenizer without a chat template (a base model): text completions only
+            self._format, self._no_chat = None, str(exc)
         self.parser = tool_parser if tool_parser is not None else HermesParser()
         self.template_policy = TemplatePolicy(template_policy)
         self.seams = SeamPolicy(seams)
@@ -105,6 +113,13 @@ class Gateway:
         card = {"id": self.model_name, "object": "model", "created": self.created}
         card |= {"owned_by": "agentrl", "max_model_len": self.context_length}
         return {"object": "list", "data": [card]}
+
+    @property
+    def format(self) -> ChatFormat:
+        """The chat template (400 for chat completions when the tokenizer has none)."""
+        if self._format is None:
+            raise bad_request(f"chat completions need a chat template: {self._no_chat}")
+        return self._format
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
@@ -135,7 +150,7 @@ class Gateway:
             choices.append(Choice(i, result, text, reply, finish_reason(result, reply)))
         if session_id is not None:
             session = self.sessions.open(session_id)
-            system = start.builder.messages[0]["role"] == "system"
+            system = request.messages[0]["role"] == "system"  # also the segment's first
             verdict = check_template(self.format).verdict([start.use], system).value
             outcomes = [
                 (

@@ -6,6 +6,7 @@ stop strings."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import uuid
 from collections.abc import AsyncIterator
 
@@ -152,3 +153,16 @@ async def test_the_gateway_over_a_pool_answers_503_when_no_engine_is_left(engine
                 assert [m.id for m in (await sdk.models.list()).data] == ["smollm2"]
     finally:
         await server.cleanup()
+
+
+async def test_a_tokenizer_without_chat_template_serves_text_completions_only(engine, tokenizer):
+    base = copy.deepcopy(tokenizer)
+    base.chat_template = None  # a base model's tokenizer
+    gateway = Gateway(engine, base, model_name="base", context_length=8192)
+    async with serving(gateway) as url:
+        sdk = client(url)
+        text = await sdk.completions.create(model="base", prompt="One, two,", max_tokens=2)
+        assert text.usage.completion_tokens == len(text.model_dump()["choices"][0]["token_ids"])
+        with pytest.raises(openai.BadRequestError) as caught:
+            await sdk.chat.completions.create(model="base", messages=SAY, max_tokens=1)
+    assert "chat template" in caught.value.body["message"]
