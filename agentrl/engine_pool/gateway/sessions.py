@@ -19,7 +19,8 @@ Each call records the checker's verdict (:func:`~agentrl.tokenization.check_temp
 use of the template: ``tools``, ``plain``, or ``no_reply`` (an extension with no new message).
 
 :meth:`SessionStore.close` hands the session out as a :class:`SessionRecord` and forgets it; a
-later call with the same id starts a new session. Calls of one session may run concurrently:
+later call with the same id starts a new session (so does a call still running when its session
+was closed: close a session after its agent's last call returned). Calls of one session may run concurrently:
 a call that extends a segment another call extended meanwhile becomes a new segment.
 """
 
