@@ -37,7 +37,7 @@ BACKENDS = ("container", "bwrap")
 # Every attack on one instance per project (three layouts: tests in a package, in a directory, at
 # the root) on the faster backend, and on the instance in its image too.
 # AGENTRL_SWE_ATTACKS=all runs every attack on every shipped instance and both backends instead
-# (about 1,600 gradings: an hour on 2 cores; docs/swe_tasks.md has the last such run).
+# (about 1,600 gradings; docs/performance.md has the last such run and its time).
 CLASS_RUNS = (
     tuple((instance.instance_id, backend) for instance in INSTANCES for backend in BACKENDS)
     if os.environ.get("AGENTRL_SWE_ATTACKS") == "all"
