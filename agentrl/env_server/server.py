@@ -1,7 +1,7 @@
 """``agentrl env serve``: an agentrl environment behind OpenEnv's HTTP and WebSocket routes.
 
 Routes, as ``openenv`` 0.10.0's ``HTTPEnvServer`` serves them (``docs/env_serving.md`` has the
-table and the payloads; :mod:`agentrl.env_server.protocol` the mapping):
+table and the payloads; :mod:`agentrl.envs.remote.protocol` the mapping):
 
 - ``GET /ws`` (WebSocket): one session per connection, its own environment instance. Messages
   ``{"type": "reset"|"step"|"state"|"close"|"mcp", "data": ...}``; replies ``{"type":
@@ -34,7 +34,6 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
-from agentrl.env_server import protocol as p
 from agentrl.env_server.sessions import (
     EnvFactoryError,
     EnvMaker,
@@ -43,6 +42,7 @@ from agentrl.env_server.sessions import (
     SessionTable,
     UnknownSession,
 )
+from agentrl.envs.remote import protocol as p
 
 OPENENV_API_VERSION = "1.0.0"
 """The version OpenEnv's FastAPI app declares in /openapi.json (profile ``openenv-http/1.x``)."""

@@ -36,6 +36,9 @@ BUILTIN_ENVS: dict[str, str] = {
     "agentrl/Search-v0": "agentrl.envs.search.env:SearchEnv",
     "agentrl/SWE-v0": "agentrl.envs.swe.env:SWEEnv",
 }
+SERVICE_ENVS: dict[str, str] = {"agentrl/Remote-v0": "agentrl.envs.remote.env:RemoteEnv"}
+"""Built-in environments that need a service to run (a server's ``url``): registered as the
+others are, but kept out of BUILTIN_ENVS, each of which makes and passes check_env alone."""
 BUILTIN_DEFAULTS: dict[str, dict[str, Any]] = {"agentrl/SWE-v0": {"max_turns": 30}}
 """Default keyword arguments of built-in environments (a caller's own arguments replace them)."""
 
@@ -104,7 +107,7 @@ def register_env(env_id: str, target: str | type[AgentEnv], **spec_kwargs: Any) 
 
 
 def register_builtin_envs() -> None:
-    for env_id, target in BUILTIN_ENVS.items():
+    for env_id, target in {**BUILTIN_ENVS, **SERVICE_ENVS}.items():
         if env_id not in gymnasium.registry:
             register_env(env_id, target, kwargs=BUILTIN_DEFAULTS.get(env_id, {}))
 

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from env_serving import env_servers
 
 from agentrl.cli import main
-from agentrl.engine_pool.sglang_engine import free_port
 from agentrl.envs import make_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDE_VENV = ROOT / ".venv-openenv"
 SIDE = Path(__file__).with_name("openenv_side.py")
-SERVE = Path(__file__).with_name("serve_test_envs.py")
 IDLE_S = 1.5
 TOO_BIG = 70_000  # over the servers' --max-body-bytes 65536
 CONCURRENT = 16
@@ -41,41 +39,21 @@ def side_python() -> Path:
     return SIDE_VENV / "bin" / "python"
 
 
-def start_server(env_id: str, *args: str) -> tuple[subprocess.Popen[str], str]:
-    port = free_port()
-    command = [sys.executable, str(SERVE), "serve", env_id, *args, "--port", str(port)]
-    command += ["--max-body-bytes", "65536"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return process, f"http://127.0.0.1:{port}"
-
-
-def wait_ready(process: subprocess.Popen[str]) -> None:
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if "(ready)" not in line:
-        process.kill()
-        pytest.fail(f"the server did not start: {line}{process.communicate()[1]}")
-
-
 @pytest.fixture(scope="module")
 def servers():
-    started = {
-        "math": start_server("agentrl/Math-v0", "--max-sessions", "24"),
-        "echo": start_server(
-            "tests/Echo-v0", "attempts=2", "--max-sessions", "2", "--session-timeout-s", str(IDLE_S)
-        ),
-        "infra": start_server("tests/InfraFault-v0", "fail_after=2"),
-    }
-    try:
-        for process, _ in started.values():
-            wait_ready(process)
+    with env_servers(
+        math=["agentrl/Math-v0", "--max-sessions", "24"],
+        echo=[
+            "tests/Echo-v0",
+            "attempts=2",
+            "--max-sessions",
+            "2",
+            "--session-timeout-s",
+            str(IDLE_S),
+        ],
+        infra=["tests/InfraFault-v0", "fail_after=2"],
+    ) as started:
         yield {name: url for name, (_, url) in started.items()}
-    finally:
-        for process, _ in started.values():
-            process.terminate()
-        for process, _ in started.values():
-            process.wait(timeout=30)
-            assert process.returncode == 0, process.stderr.read() if process.stderr else ""
 
 
 @pytest.fixture(scope="module")

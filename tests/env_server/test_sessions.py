@@ -11,7 +11,6 @@ import pytest
 from agentrl_echo import EchoEnv
 from pydantic import ValidationError
 
-from agentrl.env_server import protocol as p
 from agentrl.env_server.sessions import (
     EnvFactoryError,
     SessionCapacityError,
@@ -19,6 +18,7 @@ from agentrl.env_server.sessions import (
     UnknownSession,
 )
 from agentrl.envs import EpisodeGuard
+from agentrl.envs.remote import protocol as p
 
 
 class CountingEcho(EchoEnv):
