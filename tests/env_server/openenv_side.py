@@ -12,6 +12,7 @@ for the malformed input OpenEnv's clients cannot send.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from types import SimpleNamespace
@@ -111,8 +112,10 @@ async def raw_exchange(url: str, frames: list[Any], query: str = "") -> list[Any
     ws_url = url.replace("http://", "ws://") + "/ws" + query
     async with connect(ws_url, max_size=None) as ws:
         for frame in frames:
-            try:
+            # a refused session's error frame may be queued when the send meets the close
+            with contextlib.suppress(ConnectionClosed):
                 await ws.send(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
+            try:
                 replies.append(json.loads(await ws.recv()))
             except ConnectionClosed as exc:
                 replies.append({"closed": exc.rcvd.code if exc.rcvd else None})
