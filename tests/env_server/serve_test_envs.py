@@ -1,5 +1,6 @@
-"""``agentrl env serve`` (the real command, ``agentrl.cli.main``) with the tests' environments
-registered: ``python serve_test_envs.py serve ENV_ID ...``.
+"""``agentrl env serve`` with the tests' environments registered: ``python serve_test_envs.py
+serve ENV_ID ...`` parses and runs the command's own ``add_arguments``/``run``, as ``agentrl``
+does, without importing every other subcommand (``agentrl.rl.cli`` alone takes seconds).
 
 - ``tests/Echo-v0``: the example plugin's EchoEnv (say the secret word; the word depends on the seed).
 - ``tests/InfraFault-v0``: a step whose text holds ``fault`` reports an infrastructure error
@@ -9,13 +10,14 @@ registered: ``python serve_test_envs.py serve ENV_ID ...``.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "agentrl-echo"))
 
-from agentrl.cli import main
+from agentrl.env_server import cli
 from agentrl.envs import INFRA_ERROR, AgentEnv, register_env
 
 
@@ -43,4 +45,6 @@ register_env("tests/Echo-v0", "agentrl_echo:EchoEnv")
 register_env("tests/InfraFault-v0", InfraFaultEnv)
 
 if __name__ == "__main__":
-    raise SystemExit(main(["env", *sys.argv[1:]]))
+    parser = argparse.ArgumentParser(prog="agentrl env")
+    cli.add_arguments(parser)
+    raise SystemExit(cli.run(parser.parse_args(sys.argv[1:])))

@@ -12,9 +12,11 @@ import pytest
 from env_serving import env_servers
 from gymnasium.utils.env_checker import check_env
 
+from agentrl.engine_pool import SamplingParams
 from agentrl.envs import INFRA_ERROR, make_env
 from agentrl.envs.remote import RemoteEnv, RemoteEnvError
 from agentrl.envs.remote.env import ServerGone
+from agentrl.rollout import EpisodeRunner, group_tasks
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +130,23 @@ async def test_infra_errors_pass_through_and_a_killed_server_is_one(servers):
             await env.areset(seed=0)
     finally:
         await env.aclose()
+
+
+async def test_a_rollout_on_a_remote_env_is_the_rollout_on_the_local_one(
+    servers, engine, tokenizer
+):
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24, seed=1)
+    address = url(servers, "wide")
+    runs = {}
+    for name, make in (
+        ("remote", lambda: gymnasium.make("agentrl/Remote-v0", url=address)),
+        ("local", lambda: gymnasium.make("agentrl/Math-v0")),
+    ):
+        runner = EpisodeRunner(make, engine, tokenizer, sampling, env_id="agentrl/Math-v0")
+        runs[name] = await runner.collect(group_tasks(2, seed=5))
+    for remote, local in zip(runs["remote"], runs["local"], strict=True):
+        assert remote.error is None and remote.infra_error is None
+        assert remote.messages == local.messages
+        assert remote.tokens.input_ids == local.tokens.input_ids
+        assert remote.tokens.loss_mask == local.tokens.loss_mask
+        assert (remote.reward, remote.terminated) == (local.reward, local.terminated)
