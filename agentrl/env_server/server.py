@@ -34,6 +34,8 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
+from agentrl.env_server.http_shapes import OPENENV_API_VERSION, StepRequest, openapi_document
+from agentrl.env_server.mcp import PARSE_ERROR, answer_jsonrpc, jsonrpc_error
 from agentrl.env_server.sessions import (
     EnvFactoryError,
     EnvMaker,
@@ -43,9 +45,6 @@ from agentrl.env_server.sessions import (
     UnknownSession,
 )
 from agentrl.envs.remote import protocol as p
-
-OPENENV_API_VERSION = "1.0.0"
-"""The version OpenEnv's FastAPI app declares in /openapi.json (profile ``openenv-http/1.x``)."""
 
 
 class EnvServer:
@@ -130,46 +129,7 @@ class EnvServer:
         return session.state(self.env_id)
 
     async def mcp(self, body: Any, ws_session: Session | None = None) -> dict[str, Any]:
-        """One JSON-RPC request, as OpenEnv's ``mcp_handler`` answers it for an environment
-        without MCP tools."""
-        try:
-            request = p.JsonRpcRequest.model_validate(body)
-        except ValidationError as exc:
-            return p.jsonrpc_error(None, p.INVALID_REQUEST, f"Invalid request: {exc}")
-        rid, params = request.id, request.params
-        if request.method == "openenv/session/create":
-            if ws_session is not None:
-                return p.jsonrpc_result(rid, {"session_id": ws_session.id})
-            try:
-                session = await self.sessions.open()
-            except SessionCapacityError as exc:
-                data = {"active_sessions": exc.active, "max_sessions": exc.max_sessions}
-                return p.jsonrpc_error(rid, p.SERVER_ERROR, str(exc), data)
-            except EnvFactoryError as exc:
-                return p.jsonrpc_error(rid, p.SERVER_ERROR, str(exc), {"factory_name": self.env_id})
-            return p.jsonrpc_result(rid, {"session_id": session.id})
-        if request.method == "openenv/session/close":
-            target = params.get("session_id")
-            if not target or not isinstance(target, str):
-                message = "Invalid params - 'session_id' is required"
-                return p.jsonrpc_error(rid, p.INVALID_PARAMS, message)
-            if ws_session is not None and target == ws_session.id:
-                message = "Cannot close active WebSocket-managed session via MCP method"
-                return p.jsonrpc_error(rid, p.INVALID_REQUEST, message)
-            try:
-                session = self.sessions.get(target)
-            except UnknownSession as exc:
-                return p.jsonrpc_error(rid, p.INVALID_PARAMS, str(exc))
-            if session.attached:
-                session.close_requested = True
-                return p.jsonrpc_result(
-                    rid, {"session_id": target, "closed": False, "closing": True}
-                )
-            await self.sessions.close(target)
-            return p.jsonrpc_result(rid, {"session_id": target, "closed": True})
-        if request.method in ("tools/list", "tools/call"):
-            return p.jsonrpc_error(rid, p.INTERNAL_ERROR, "Environment does not support MCP")
-        return p.jsonrpc_error(rid, p.METHOD_NOT_FOUND, f"Method not found: {request.method}")
+        return await answer_jsonrpc(body, self.sessions, self.env_id, ws_session)
 
     # -- WebSocket ---------------------------------------------------------------------------
 
@@ -308,7 +268,7 @@ class EnvServer:
         if isinstance(body, web.Response):
             return body
         try:
-            step = p.StepRequest.model_validate(body)
+            step = StepRequest.model_validate(body)
             p.AgentAction.model_validate(step.action)
         except ValidationError as exc:
             return web.json_response({"detail": p.validation_errors(exc)}, status=422)
@@ -358,7 +318,7 @@ class EnvServer:
         except web.HTTPRequestEntityTooLarge as exc:
             return _detail(413, f"the request body is too large: {exc.text}")
         except (ValueError, RecursionError):
-            return web.json_response(p.jsonrpc_error(None, p.PARSE_ERROR, "Parse error"))
+            return web.json_response(jsonrpc_error(None, PARSE_ERROR, "Parse error"))
         return web.json_response(await self.mcp(body))
 
     async def health(self, request: web.Request) -> web.Response:
@@ -380,7 +340,7 @@ class EnvServer:
         return web.json_response(p.schemas())
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return web.json_response(p.openapi_document(OPENENV_API_VERSION))
+        return web.json_response(openapi_document(OPENENV_API_VERSION))
 
 
 class _Link:

@@ -48,14 +48,6 @@ CAPACITY_REACHED = "CAPACITY_REACHED"
 FACTORY_ERROR = "FACTORY_ERROR"
 SESSION_ERROR = "SESSION_ERROR"
 
-# JSON-RPC 2.0 error codes as OpenEnv's JsonRpcErrorCode (mcp_types.py) numbers them.
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-SERVER_ERROR = -32000
-
 
 class AgentAction(BaseModel):
     """An agentrl action as an OpenEnv ``Action``: the assistant's text for one turn."""
@@ -123,27 +115,6 @@ class ResetData(BaseModel):
         merged = dict(self.options or {})
         merged.update(self.model_extra or {})
         return merged or None
-
-
-class StepRequest(BaseModel):
-    """The body of HTTP ``POST /step`` (OpenEnv's StepRequest; extra fields allowed)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    action: dict[str, Any]
-    timeout_s: float | None = Field(default=None, gt=0)
-    request_id: str | None = Field(default=None, max_length=255)
-
-
-class JsonRpcRequest(BaseModel):
-    """OpenEnv's JsonRpcRequest (the body of ``POST /mcp``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    jsonrpc: str = Field(pattern="^2\\.0$")
-    method: str
-    params: dict[str, Any] = Field(default_factory=dict)
-    id: str | int | None = None
 
 
 class _Envelope(BaseModel):
@@ -233,43 +204,6 @@ def schemas() -> dict[str, Any]:
     }
 
 
-def jsonrpc_error(request_id: str | int | None, code: int, message: str, data: Any = None):
-    """A JSON-RPC 2.0 error response as OpenEnv's ``JsonRpcResponse.model_dump`` writes it."""
-    error: dict[str, Any] = {"code": code, "message": message, "data": data}
-    return {"jsonrpc": "2.0", "id": request_id, "error": error}
-
-
-def jsonrpc_result(request_id: str | int | None, result: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "result": result}
-
-
 def ws_error(message: str, code: str, **extra: Any) -> dict[str, Any]:
     """OpenEnv's WSErrorResponse: ``{"type": "error", "data": {"message", "code", ...}}``."""
     return {"type": "error", "data": {"message": message, "code": code, **extra}}
-
-
-def openapi_document(version: str) -> dict[str, Any]:
-    """A minimal OpenAPI 3.1 document of the routes, enough for ``openenv validate`` (which
-    reads ``info.version`` and which of ``/reset``, ``/step``, ``/state`` exist)."""
-    json_body = {"content": {"application/json": {"schema": {"type": "object"}}}}
-    ok = {"200": {"description": "OK", **json_body}}
-
-    def route(method: str, summary: str) -> dict[str, Any]:
-        operation: dict[str, Any] = {"summary": summary, "responses": ok}
-        if method == "post":
-            operation["requestBody"] = json_body
-        return {method: operation}
-
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "agentrl env serve (OpenEnv protocol)", "version": version},
-        "paths": {
-            "/reset": route("post", "Reset the environment"),
-            "/step": route("post", "Execute an action in the environment"),
-            "/state": route("get", "Get current environment state"),
-            "/metadata": route("get", "Get environment metadata"),
-            "/health": route("get", "Health check"),
-            "/schema": route("get", "Get all JSON schemas"),
-            "/mcp": route("post", "MCP JSON-RPC endpoint (OpenEnv's session methods)"),
-        },
-    }
