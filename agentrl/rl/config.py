@@ -20,6 +20,7 @@ from agentrl.rl.critic import CriticConfig
 from agentrl.rl.engines import EnginesConfig
 from agentrl.rl.objective import CRITIC_ADVANTAGE, AlgorithmConfig
 from agentrl.rl.validation import ValidationConfig
+from agentrl.rollout.agent import AgentConfig
 from agentrl.rollout.mixture import EnvConfig
 from agentrl.rollout.runner import RolloutConfig
 from agentrl.rollout.stream import StreamConfig
@@ -64,6 +65,9 @@ class TrainConfig(RunConfig):
 
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()
+    agent: AgentConfig = AgentConfig()
+    """Your own agent (``agent.entry``) instead of the environment's turns; ``env`` gives its
+    tasks and grades its answers (:mod:`agentrl.rollout.agent`)."""
     rollout: RolloutConfig = RolloutConfig()
     engines: EnginesConfig = EnginesConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
@@ -94,6 +98,10 @@ class TrainConfig(RunConfig):
                 f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}) must be at least "
                 f"rollout.max_total_tokens ({self.rollout.max_total_tokens}): a trajectory "
                 "cannot be split across micro-batches"
+            )
+        if self.agent.entry is not None and self.env.mix:
+            raise ValueError(
+                "agent.entry runs one environment's tasks; give env.id, not env.mix, with an agent"
             )
         algorithm = self.algorithm
         if (

@@ -1,5 +1,6 @@
 """Every CPU example config trains for one step through the launcher, as a user runs it (smaller
-batches than the file's so that the four fit in the test budget)."""
+batches than the file's so that the four fit in the test budget); math_agent_grpo_cpu.yaml trains
+examples/math_agent.py, a plain openai-SDK agent, through the OpenAI-compatible endpoint."""
 
 import json
 import subprocess
@@ -17,6 +18,7 @@ def test_the_cpu_examples_are_these():
     assert {p.name for p in EXAMPLES} == {
         "math_grpo_cpu.yaml",
         "math_tool_grpo_cpu.yaml",
+        "math_agent_grpo_cpu.yaml",
         "code_grpo_cpu.yaml",
         "mix_math_code_cpu.yaml",
         "math_pool_cpu.yaml",

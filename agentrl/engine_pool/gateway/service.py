@@ -16,7 +16,15 @@ the context (``code="context_length_exceeded"``), 503 when the engine cannot ser
 Sampling: ``n`` choices are ``n`` engine requests from the same prompt, run concurrently; with a
 ``seed``, choice ``i`` is sampled with ``seed + i``. Chat requests stop on the template's
 end-of-turn ids besides the engine's own. ``max_tokens`` defaults to the room left in the context
-(``context_length``, when known).
+(``context_length``, when known). A ``sampling_policy`` (the trainer's: the rollout's temperature
+and token budget whatever the agent asks) rewrites each chat request's sampling fields, given the
+prompt's length, before they are checked.
+
+Aborted generations. With ``resume_aborted=True`` a generation the engine aborts (a weight update
+under ``stream.partial_rollouts="abort"``) is continued from its tokens with the rest of its token
+budget, as the rollout runner does, and the caller gets one reply: its ids are the pieces' ids in
+order, each token tagged with the weight version that sampled it. Without it (the default) the
+reply ends with ``finish_reason`` ``"abort"``.
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ import dataclasses
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from agentrl.engine_pool.engine import Engine, EngineError, GenerateResult, SamplingParams
 from agentrl.engine_pool.gateway.messages import parse_reply, template_messages
@@ -74,7 +84,8 @@ class Gateway:
     text completions are served and chat completions answer 400); ``tool_parser`` reads
     tool calls; ``template_policy`` and ``seams`` are the builder's (:class:`TemplatePolicy`,
     :class:`SeamPolicy`); ``context_length`` bounds prompt plus completion; ``max_sessions``
-    bounds the open sessions.
+    bounds the open sessions; ``sampling_policy`` and ``resume_aborted``: see the module
+    docstring.
     """
 
     def __init__(
@@ -89,6 +100,8 @@ class Gateway:
         template_policy: TemplatePolicy | str = TemplatePolicy.KEEP,
         seams: SeamPolicy | str = SeamPolicy.KEEP,
         max_sessions: int = 10_000,
+        sampling_policy: Callable[[Sampling, int], Sampling] | None = None,
+        resume_aborted: bool = False,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -106,6 +119,8 @@ class Gateway:
         self.template_policy = TemplatePolicy(template_policy)
         self.seams = SeamPolicy(seams)
         self.sessions = SessionStore(max_sessions)
+        self.sampling_policy = sampling_policy
+        self.resume_aborted = resume_aborted
         self.created = int(time.time())
 
     def models(self) -> dict[str, Any]:
@@ -140,8 +155,11 @@ class Gateway:
         session = self.sessions.find(session_id) if session_id is not None else None
         start = self._start(request, session)
         prompt = start.builder.prompt_ids()
-        sampling = self._sampling(request.sampling, len(prompt), self.format.end_of_turn_ids)
-        results = await self._generate(prompt, sampling, request.sampling.n, session_id)
+        asked = request.sampling
+        if self.sampling_policy is not None:
+            asked = self.sampling_policy(asked, len(prompt))
+        sampling = self._sampling(asked, len(prompt), self.format.end_of_turn_ids)
+        results = await self._generate(prompt, sampling, asked.n, session_id)
         parser = self.parser if request.tools and request.tool_choice == "auto" else None
         choices = []
         for i, result in enumerate(results):
@@ -262,8 +280,8 @@ class Gateway:
             async with asyncio.TaskGroup() as group:
                 tasks = [
                     group.create_task(
-                        self.engine.generate(
-                            prompt, dataclasses.replace(sampling, seed=seed), session_id=routing
+                        self._generate_one(
+                            prompt, dataclasses.replace(sampling, seed=seed), routing
                         )
                     )
                     for seed in seeds
@@ -276,6 +294,42 @@ class Gateway:
         except* (ValueError, TypeError) as errors:
             raise bad_request(f"the engine refused the request: {errors.exceptions[0]}") from None
         return [task.result() for task in tasks]
+
+    async def _generate_one(
+        self, prompt: list[int], sampling: SamplingParams, routing: str | None
+    ) -> GenerateResult:
+        """One generation; with ``resume_aborted``, an aborted one continued from its tokens
+        until it ends otherwise or its budget is spent (the pieces joined into one result)."""
+        result = await self.engine.generate(prompt, sampling, session_id=routing)
+        pieces = [result]
+        budget = sampling.max_new_tokens - len(result.token_ids)
+        while self.resume_aborted and result.finish_reason == "abort" and budget > 0:
+            seed = None
+            if sampling.seed is not None:  # a seed of its own, apart from other choices' seeds
+                seed = int(
+                    np.random.SeedSequence([sampling.seed, len(pieces)]).generate_state(1)[0]
+                )
+            sampling = dataclasses.replace(sampling, max_new_tokens=budget, seed=seed)
+            sampled = [i for piece in pieces for i in piece.token_ids]
+            result = await self.engine.generate(prompt + sampled, sampling, session_id=routing)
+            pieces.append(result)
+            budget -= len(result.token_ids)
+        if len(pieces) == 1:
+            return result
+        finish = "length" if result.finish_reason == "abort" else result.finish_reason
+        return dataclasses.replace(
+            result,
+            token_ids=[i for piece in pieces for i in piece.token_ids],
+            logprobs=[p for piece in pieces for p in piece.logprobs],
+            token_weight_versions=[
+                v
+                for piece in pieces
+                for v in piece.token_weight_versions
+                or [piece.weight_version] * len(piece.token_ids)
+            ],
+            finish_reason=finish,
+            prompt_tokens=len(prompt),
+        )
 
     def _header(self, prefix: str) -> dict[str, Any]:
         return {
