@@ -31,7 +31,7 @@ import time
 import uuid
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
 from agentrl.env_server.http_shapes import OPENENV_API_VERSION, StepRequest, openapi_document
@@ -68,6 +68,7 @@ class EnvServer:
         self.sessions = SessionTable(
             make_env, max_sessions=max_sessions, idle_timeout_s=session_timeout_s
         )
+        self._sockets: set[web.WebSocketResponse] = set()
         self.app = web.Application(client_max_size=max_body_bytes)
         self.app.add_routes(
             [
@@ -89,6 +90,9 @@ class EnvServer:
         self.sessions.start_reaper()
 
     async def _stop(self, app: web.Application) -> None:
+        # aiohttp waits for open handlers at shutdown: a WebSocket's is waiting for its client
+        for ws in list(self._sockets):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
         await self.sessions.stop()
 
     # -- the verbs, shared by both transports ------------------------------------------------
@@ -136,6 +140,7 @@ class EnvServer:
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(max_msg_size=self.max_body_bytes)
         await ws.prepare(request)
+        self._sockets.add(ws)
         link = _Link()
         try:
             attach_to = request.query.get("session_id")
@@ -150,6 +155,7 @@ class EnvServer:
         except (SessionCapacityError, EnvFactoryError, UnknownSession, RuntimeError) as exc:
             await _send(ws, self._refusal(exc))
         finally:
+            self._sockets.discard(ws)
             await self._release(link)
             await ws.close()
         return ws

@@ -5,7 +5,8 @@ does, without importing every other subcommand (``agentrl.rl.cli`` alone takes s
 - ``tests/Echo-v0``: the example plugin's EchoEnv (say the secret word; the word depends on the seed).
 - ``tests/InfraFault-v0``: a step whose text holds ``fault`` reports an infrastructure error
   (``info["infra_error"]``) with reward 0, as Code-v0 does when no grading sandbox starts; with
-  ``fail_after=N`` the constructor raises after N instances (the server's probe is the first).
+  ``fail_after=N`` the constructor raises after N instances (the server's probe is the first);
+  with ``closed_log=PATH`` each ``aclose`` appends a line to PATH.
 """
 
 from __future__ import annotations
@@ -26,10 +27,16 @@ class InfraFaultEnv(AgentEnv):
 
     made: ClassVar[int] = 0
 
-    def __init__(self, fail_after: int | None = None) -> None:
+    def __init__(self, fail_after: int | None = None, closed_log: str | None = None) -> None:
         if fail_after is not None and InfraFaultEnv.made >= fail_after:
             raise RuntimeError(f"no sandbox left after {fail_after} environments")
         InfraFaultEnv.made += 1
+        self.closed_log = closed_log
+
+    async def aclose(self) -> None:
+        if self.closed_log is not None:
+            with open(self.closed_log, "a") as log:
+                log.write(f"{id(self)}\n")
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         await super().areset(seed=seed, options=options)

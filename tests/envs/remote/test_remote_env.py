@@ -150,3 +150,20 @@ async def test_a_rollout_on_a_remote_env_is_the_rollout_on_the_local_one(
         assert remote.tokens.input_ids == local.tokens.input_ids
         assert remote.tokens.loss_mask == local.tokens.loss_mask
         assert (remote.reward, remote.terminated) == (local.reward, local.terminated)
+
+
+async def test_a_stopped_server_closes_the_environments_of_its_open_sessions(tmp_path):
+    closed = tmp_path / "closed.log"
+    with env_servers(one=["tests/InfraFault-v0", f"closed_log={closed}"]) as started:
+        process, address = started["one"]
+        envs = [RemoteEnv(url=address) for _ in range(2)]
+        for env in envs:
+            await env.areset(seed=0)
+        assert len(closed.read_text().split()) == 1  # the command's start-up probe
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 30) == 0
+    assert len(set(closed.read_text().split())) == 3  # and both sessions' environments, once
+    for env in envs:
+        _, _, _, _, info = await env.astep("ok")
+        assert "went away" in info[INFRA_ERROR]
+        await env.aclose()
