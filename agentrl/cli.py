@@ -1,10 +1,13 @@
 """The ``agentrl`` command. Each subcommand lives beside its component as a module with
-``add_arguments(parser)`` and ``run(args) -> int`` that keeps heavy imports inside ``run``."""
+``add_arguments(parser)`` and ``run(args) -> int`` that keeps heavy imports inside ``run``. Only
+the module of the subcommand given is imported (``agentrl env serve`` does not wait for the
+trainer's imports); ``agentrl --help`` lists them all from :data:`SUBCOMMANDS` alone."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 SUBCOMMANDS = {
     "train": ("agentrl.rl.cli", "train a policy with RL from a YAML config"),
@@ -27,19 +30,24 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the arguments of ``command`` (every subcommand's when None)."""
     parser = argparse.ArgumentParser(prog="agentrl", description="RL for multi-turn LLM agents.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(sub)
-        sub.set_defaults(run=module.run)
+        if command is None or name == command:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub)
+            sub.set_defaults(run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # The subcommand is the first word that is not an option (the top level has only --help).
+    command = next((word for word in argv if not word.startswith("-")), "")
+    args = build_parser(command if command in SUBCOMMANDS else "").parse_args(argv)
     return args.run(args)
 
 
