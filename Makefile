@@ -54,6 +54,7 @@ test: $(STAMP) lint
 	scripts/setup-swebench-env
 	scripts/setup-skyrl-env
 	scripts/setup-openenv-env
+	scripts/setup-langchain-env
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=25
 	$(BIN)/python -m pytest -q -m serial
 
