@@ -36,9 +36,14 @@ BUILTIN_ENVS: dict[str, str] = {
     "agentrl/Search-v0": "agentrl.envs.search.env:SearchEnv",
     "agentrl/SWE-v0": "agentrl.envs.swe.env:SWEEnv",
 }
-SERVICE_ENVS: dict[str, str] = {"agentrl/Remote-v0": "agentrl.envs.remote.env:RemoteEnv"}
-"""Built-in environments that need a service to run (a server's ``url``): registered as the
-others are, but kept out of BUILTIN_ENVS, each of which makes and passes check_env alone."""
+SERVICE_ENVS: dict[str, str] = {
+    "agentrl/Remote-v0": "agentrl.envs.remote.env:RemoteEnv",
+    "agentrl/OpenEnv-v0": "agentrl.envs.foreign.openenv:OpenEnvEnv",
+    "agentrl/SkyRL-v0": "agentrl.envs.foreign.skyrl:SkyRLEnv",
+}
+"""Built-in environments that need a service (a server's ``url``), another system's package
+(skyrl-gym) or arguments to run: registered as the others are, but kept out of BUILTIN_ENVS,
+each of which makes and passes check_env alone."""
 BUILTIN_DEFAULTS: dict[str, dict[str, Any]] = {"agentrl/SWE-v0": {"max_turns": 30}}
 """Default keyword arguments of built-in environments (a caller's own arguments replace them)."""
 

@@ -94,12 +94,14 @@ class RemoteEnv(AgentEnv):
 
     sessions_by_url: ClassVar[dict[str, int]] = {}
     """Sessions this process holds on each server, which spreads new sessions across them."""
+    env_id: ClassVar[str] = "agentrl/Remote-v0"
+    config_class: ClassVar[type[RemoteConfig]] = RemoteConfig
 
     def __init__(self, **kwargs: Any) -> None:
-        self.config = RemoteConfig.build("agentrl/Remote-v0", kwargs)
+        self.config = self.config_class.build(self.env_id, kwargs)
         urls = [self.config.url] if isinstance(self.config.url, str) else self.config.url
         if not urls:
-            raise ValueError("agentrl/Remote-v0: url names no server")
+            raise ValueError(f"{self.env_id}: url names no server")
         self.urls = [url.rstrip("/") for url in urls]
         self._link: _Link | None = None
 
@@ -119,20 +121,36 @@ class RemoteEnv(AgentEnv):
         except ServerGone:
             await self._drop()
             return await self._reset_on_a_server(data)
-        observation = _observation(reply)
-        return observation["messages"], observation["info"]
+        return self.reset_result(reply["data"])
 
     async def astep(self, action: str) -> StepResult:
         if self._link is None:
-            raise RemoteEnvError("agentrl/Remote-v0: step before reset (no session)", None)
+            raise RemoteEnvError(f"{self.env_id}: step before reset (no session)", None)
         url = self._link.url
         try:
-            reply = await self._exchange({"type": "step", "data": {"text": action}})
+            reply = await self._exchange({"type": "step", "data": self.action_data(action)})
         except ServerGone as exc:
             await self._drop()
             message = f"the environment server {url} went away mid-episode: {exc}"
             return [], 0.0, True, False, {INFRA_ERROR: message}
-        payload = reply["data"]
+        return self.step_result(reply["data"])
+
+    async def aclose(self) -> None:
+        await self._drop()
+
+    # The mapping between AgentEnv's verbs and the wire's action and observation; a subclass
+    # for a server whose Action and Observation are not agentrl's overrides these three.
+    def action_data(self, action: str) -> dict[str, Any]:
+        """The step message's ``data`` (the Action's fields) for the assistant's text."""
+        return {"text": action}
+
+    def reset_result(self, payload: dict[str, Any]) -> ResetResult:
+        """A reset's messages and info from its reply's ``data``."""
+        observation = payload["observation"]
+        return observation["messages"], observation["info"]
+
+    def step_result(self, payload: dict[str, Any]) -> StepResult:
+        """A step's result from its reply's ``data`` (``{"observation", "reward", "done"}``)."""
         observation = payload["observation"]
         return (
             observation["messages"],
@@ -141,9 +159,6 @@ class RemoteEnv(AgentEnv):
             bool(observation["truncated"]),
             observation["info"],
         )
-
-    async def aclose(self) -> None:
-        await self._drop()
 
     async def _reset_on_a_server(self, data: dict[str, Any]) -> ResetResult:
         """Open a session on the least loaded server that takes one, and reset it there."""
@@ -158,8 +173,7 @@ class RemoteEnv(AgentEnv):
                     raise  # the reset itself failed (a bad seed or option): not the server's
                 refusals.append(f"{url}: {exc}")
                 continue
-            observation = _observation(reply)
-            return observation["messages"], observation["info"]
+            return self.reset_result(reply["data"])
         raise ServerGone("no environment server took the session: " + "; ".join(refusals))
 
     async def _connect(self, url: str) -> _Link:
@@ -205,8 +219,3 @@ class RemoteEnv(AgentEnv):
                 raise ServerGone(f"the server ended the session: {text}")
             raise RemoteEnvError(text, code)
         return reply
-
-
-def _observation(reply: dict[str, Any]) -> dict[str, Any]:
-    observation: dict[str, Any] = reply["data"]["observation"]
-    return observation
