@@ -117,8 +117,14 @@ class SkyRLEnv(AgentEnv):
 
     def _make(self, extras: dict[str, Any]) -> Any:
         """A fresh skyrl-gym environment for one episode, made as SkyRL's generator makes it."""
-        import skyrl_gym
-        from omegaconf import DictConfig
+        try:
+            import skyrl_gym
+            from omegaconf import DictConfig
+        except ImportError as exc:
+            raise ImportError(
+                f"agentrl/SkyRL-v0 needs skyrl-gym ({exc}): pip install skyrl-gym, or run in the "
+                "venv scripts/setup-skyrl-env makes"
+            ) from exc
 
         env_config = DictConfig(self.config.env_config)
         if ":" in self.config.env:
