@@ -57,8 +57,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,7 @@ from agentrl.engine_pool.engine import EngineError, SamplingParams
 from agentrl.engine_pool.gateway import Gateway, GatewayRoutes
 from agentrl.engine_pool.local_engine import LocalEngine
 from agentrl.engine_pool.sglang_api import (
+    ContractError,
     ProtocolError,
     decode_named_tensors,
     error_body,
@@ -76,6 +79,7 @@ from agentrl.engine_pool.sglang_api import (
     parse_generate_request,
     parse_version,
 )
+from agentrl.engine_pool.sglang_sampling import response_text, text_options
 from agentrl.engine_pool.weight_group import DEFAULT_GROUP, join_group, leave_group, receive
 from agentrl.models import load_tokenizer
 
@@ -85,9 +89,10 @@ _HEALTH_TIMEOUT_S = 20.0
 class EngineServer:
     """The routes above around one started :class:`LocalEngine`; ``app`` is the aiohttp app."""
 
-    def __init__(self, engine: LocalEngine, *, model_path: str) -> None:
+    def __init__(self, engine: LocalEngine, *, model_path: str, tokenizer: Any = None) -> None:
         self.engine = engine
         self.model_path = model_path
+        self.tokenizer = tokenizer  # None: responses carry no `text` (SGLang's skip_tokenizer_init)
         self._inflight: set[str] = set()
         self._paused = False
         self._pause_mode = "in_place"
@@ -98,6 +103,8 @@ class EngineServer:
         self.app.add_routes(
             [
                 post("/generate", self.generate),
+                get("/v1/loads", self.loads),
+                get("/get_weight_version", self.get_weight_version),
                 web.put("/generate", self.generate),
                 get("/health", self.health_generate),
                 get("/health_generate", self.health_generate),
@@ -125,7 +132,10 @@ class EngineServer:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         try:
-            input_ids, sampling, rid, stream = parse_generate_request(await _json(request))
+            request_body = await _json(request)
+            input_ids, sampling, rid, stream = parse_generate_request(request_body)
+        except ContractError as exc:  # SGLang's contract gate answers the message as a string
+            return web.json_response({"error": str(exc)}, status=400)
         except ProtocolError as exc:
             return web.json_response(error_body(str(exc)), status=400)
         rid = rid or uuid.uuid4().hex
@@ -141,6 +151,17 @@ class EngineServer:
         finally:
             self._inflight.discard(rid)
         body = generate_response(result, rid)
+        if self.tokenizer is not None:  # SGLang decodes unless skip_tokenizer_init
+            finish = body["meta_info"]["finish_reason"]
+            body = {
+                "text": response_text(
+                    self.tokenizer,
+                    result.token_ids,
+                    finish.get("matched") if finish["type"] == "stop" else None,
+                    **text_options(request_body.get("sampling_params") or {}),
+                ),
+                **body,
+            }
         if not stream:
             return web.json_response(body)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -149,6 +170,59 @@ class EngineServer:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    async def loads(self, request: web.Request) -> web.Response:
+        """SGLang 0.5.23's ``GET /v1/loads`` (``entrypoints/v1_loads.py``): one DP rank's
+        ``LoadSnapshot`` core fields; the fields agentrl has no counterpart for are 0 (SGLang's
+        defaults). ``include`` and ``dp_rank`` filter as SGLang's do; ``format=prometheus`` is
+        not served (400)."""
+        include = request.query.get("include")
+        sections = {part.strip() for part in include.split(",")} if include else None
+        valid = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
+        if sections is not None and not sections <= valid:
+            message = (
+                f"Invalid include sections: {sections - valid}. Valid options: {sorted(valid)}"
+            )
+            return _http_error(message, 400)
+        if request.query.get("format") == "prometheus":
+            return _http_error("format=prometheus is not served by agentrl serve", 400)
+        dp_rank = request.query.get("dp_rank")
+        running = len(self._inflight)
+        load = {
+            "timestamp": time.time(),
+            "dp_rank": 0,
+            "num_running_reqs": running,
+            "num_waiting_reqs": 0,
+            "num_waiting_uncached_tokens": 0,
+            "num_used_tokens": 0,
+            "num_total_tokens": 0,
+            "num_active_tokens": 0,
+            "num_prealloc_ready_tokens": 0,
+            "max_total_num_tokens": 0,
+            "max_running_requests": self.engine.max_batch_size,
+            "token_usage": 0.0,
+            "gen_throughput": 0.0,
+            "cache_hit_rate": self.engine.stats.prefix_hit_rate,
+            "utilization": running / max(1, self.engine.max_batch_size),
+            "total_prefill_uncached_tokens": 0,
+            "total_prefill_busy_us": 0,
+            "decode_moments": None,
+        }
+        loads = [] if dp_rank not in (None, "0") else [load]
+        return web.json_response(
+            {
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": "agentrl",
+                "accelerator": None,
+                "num_accelerators": 1,
+                "loads": loads,
+            }
+        )
+
+    async def get_weight_version(self, request: web.Request) -> web.Response:
+        """``GET /get_weight_version``: ``{"weight_version": str}``, as SGLang before 0.5.23 had
+        it (0.5.23 reads the version from ``/model_info`` only, which is served too)."""
+        return web.json_response({"weight_version": str(self.engine.weight_version)})
 
     async def health_generate(self, request: web.Request) -> web.Response:
         if not self.engine.serving:
@@ -390,6 +464,12 @@ def _read_safetensors(path: Path) -> list[tuple[str, torch.Tensor]]:
     return [item for file in files for item in load_file(file).items()]
 
 
+def _http_error(message: str, status: int) -> web.Response:
+    """SGLang's answer to an ``HTTPException``: ``{"object": "error", "message", "type", ...}``."""
+    body = {"object": "error", "message": message, "type": str(status), "param": None}
+    return web.json_response({**body, "code": status}, status=status)
+
+
 def _update_failed(exc: BaseException) -> web.Response:
     return _answer(False, f"Failed to update weights: {type(exc).__name__}: {exc}")
 
@@ -448,10 +528,11 @@ async def serve(
     async with LocalEngine(
         model, max_batch_size=max_batch_size, dtype=dtype, fp8_weights=fp8_weights, device=device
     ) as engine:
-        server = EngineServer(engine, model_path=str(model))
+        tokenizer = load_tokenizer(model)
+        server = EngineServer(engine, model_path=str(model), tokenizer=tokenizer)
         gateway = Gateway(
             engine,
-            load_tokenizer(model),
+            tokenizer,
             model_name=served_model_name or str(model),
             context_length=getattr(engine.model.config, "max_position_embeddings", None),
         )

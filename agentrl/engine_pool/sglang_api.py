@@ -40,12 +40,11 @@ from typing import Any
 import torch
 
 from agentrl.engine_pool.engine import FinishReason, GenerateResult, SamplingParams
+from agentrl.engine_pool.sglang_sampling import ContractError, ProtocolError, check_sampling_keys
+
+__all__ = ["ContractError", "ProtocolError"]  # besides the functions below
 
 ABORT_MESSAGE = "Aborted"
-
-
-class ProtocolError(ValueError):
-    """A request or response does not have the shape this API needs; the message says what."""
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -82,7 +81,9 @@ def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str | 
     """``(input_ids, sampling, rid, stream)`` from a ``/generate`` body, or :class:`ProtocolError`.
 
     Only token-id prompts are served (``text`` and batches are refused with a clear message);
-    unknown ``sampling_params`` keys are refused, as SGLang does.
+    ``sampling_params`` keys are checked by
+    :func:`~agentrl.engine_pool.sglang_sampling.check_sampling_keys`: a key SGLang does not know is a
+    :class:`ContractError`, a value agentrl cannot honour a :class:`ProtocolError` naming the key.
     """
     if not isinstance(body, dict):
         raise ProtocolError(f"the body must be a JSON object, got {type(body).__name__}")
@@ -98,6 +99,7 @@ def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str | 
     raw = body.get("sampling_params") or {}
     if not isinstance(raw, dict):
         raise ProtocolError("`sampling_params` must be an object")
+    check_sampling_keys(raw)  # SGLang's key list; what agentrl serve cannot honour is refused
     known = {
         "temperature",
         "top_p",
@@ -107,19 +109,13 @@ def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str | 
         "stop",
         "ignore_eos",
     }
-    unknown = sorted(set(raw) - known - {"sampling_seed", "n", "no_stop_trim"})
-    if unknown:
-        raise ProtocolError(
-            f"unknown sampling_params {unknown}; expected some of "
-            f"{sorted(known | {'sampling_seed', 'no_stop_trim'})}"
-        )
-    if raw.get("n", 1) != 1:
-        raise ProtocolError("`n` > 1 is not supported; send one request per sample")
     values = {key: raw[key] for key in known if raw.get(key) is not None}
     if values.get("top_k") == -1:
         values["top_k"] = 0
     if "stop_token_ids" in values:
         values["stop_token_ids"] = tuple(values["stop_token_ids"])
+    if isinstance(values.get("stop"), str):
+        values["stop"] = (values["stop"],)
     if isinstance(values.get("stop"), list):
         values["stop"] = tuple(values["stop"])
     values.setdefault("max_new_tokens", 128)  # SGLang's default

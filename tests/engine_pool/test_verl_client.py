@@ -1,0 +1,141 @@
+"""`agentrl serve` as the SGLang server of verl 0.9.1's own HTTP client (issue 34, point 5).
+
+A real ``agentrl serve`` subprocess of SmolLM2 on loopback; verl's ``AsyncHttpServerAdapter``
+(``verl/workers/rollout/sglang_rollout/http_server_engine.py``, from PyPI) drives it from the side
+script ``verl_client/verl_side.py`` (in ``.venv-sglang`` with ``.venv-verl``'s verl: the module
+imports SGLang). The sampling params are the dict verl's agent loop builds
+(``verl/experimental/agent_loop/agent_loop.py``: temperature, top_p, top_k, ``repetition_penalty=1.0``;
+greedy validation sets ``temperature=0, top_k=-1, top_p=1``) plus the ``max_new_tokens`` its SGLang
+server adds. Checked: the tokens equal agentrl's own SGLang client's on the same server, ``text`` is
+the decoded output as SGLang's detokenizer returns it (stop token and stop string trimmed unless
+``no_stop_trim``; ``skip_special_tokens`` honoured), a penalty agentrl does not implement is a 400
+naming the key, and the control calls verl makes (flush_cache, abort_request, v1/models,
+begin/end_weight_update) and the read-only routes (v1/loads, get_weight_version) answer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import test_sglang_http
+from test_sglang_conformance import run_process
+
+from agentrl.engine_pool.engine import SamplingParams
+from agentrl.engine_pool.sglang_engine import SGLangEngine
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SIDE_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
+VERL_SITE = ROOT / ".venv-verl"
+SIDE = Path(__file__).parent / "verl_client" / "verl_side.py"
+
+VERL_ROLLOUT = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}
+VERL_GREEDY = {**VERL_ROLLOUT, "temperature": 0, "top_k": -1, "top_p": 1.0}
+
+
+model_dir = test_sglang_http.model_dir  # SmolLM2 saved as a Hugging Face directory
+
+
+@pytest.fixture(scope="module")
+def serve_url(model_dir, tmp_path_factory):
+    with test_sglang_http.running_server(
+        model_dir, tmp_path_factory.mktemp("serve") / "serve.log"
+    ) as url:
+        yield url
+
+
+def verl(url: str, model: Path, input_ids: list[int], calls: list[dict]) -> list[dict]:
+    for venv in (SIDE_PYTHON, VERL_SITE):
+        if not venv.exists():
+            pytest.fail(
+                f"{venv} is missing: run scripts/setup-sglang-env and "
+                "bench/setup_verl_env.sh (make test does)",
+                pytrace=False,
+            )
+    spec = {"url": url, "model_path": str(model), "input_ids": input_ids, "calls": calls}
+    out = json.loads(run_process([str(SIDE_PYTHON), str(SIDE)], json.dumps(spec), 600))
+    assert out["verl"] == "0.9.1"
+    return out["results"]
+
+
+async def test_verl_sglang_client_drives_agentrl_serve(
+    serve_url, model_dir, tokenizer, chat_prompt
+):
+    async with SGLangEngine(serve_url) as ours:
+        greedy = await ours.generate(
+            chat_prompt, SamplingParams(temperature=0.0, max_new_tokens=200)
+        )
+    assert greedy.finish_reason == "stop" and greedy.token_ids[-1] == tokenizer.eos_token_id
+    words = tokenizer.decode(greedy.token_ids, skip_special_tokens=True).split()
+    stop = f" {words[len(words) // 2]}"  # a word in the middle of the greedy reply
+    calls = [
+        {"op": "generate", "sampling_params": {**VERL_ROLLOUT, "max_new_tokens": 8}},
+        {"op": "generate", "sampling_params": {**VERL_GREEDY, "max_new_tokens": 200}},
+        {
+            "op": "generate",
+            "sampling_params": {
+                **VERL_GREEDY,
+                "max_new_tokens": 200,
+                "skip_special_tokens": False,
+                "no_stop_trim": True,
+            },
+        },
+        {
+            "op": "generate",
+            "sampling_params": {**VERL_GREEDY, "max_new_tokens": 200, "stop": [stop]},
+        },
+        {"op": "generate", "sampling_params": {**VERL_ROLLOUT, "repetition_penalty": 1.1}},
+        {"op": "get", "endpoint": "v1/loads"},
+        {"op": "get", "endpoint": "get_weight_version"},
+        {"op": "get", "endpoint": "model_info"},
+        {"op": "available_models"},
+        {"op": "flush_cache"},
+        {"op": "abort_all"},
+        {"op": "begin_weight_update"},
+        {"op": "end_weight_update"},
+    ]
+    sampled, greedy_verl, special, stopped, penalty, loads, version, info, models, *control = verl(
+        serve_url, model_dir, chat_prompt, calls
+    )
+    # a rollout sample: ids, log-probs for each, and the text of the ids
+    body = sampled["response"]
+    assert sampled["ok"] and 1 <= len(body["output_ids"]) <= 8
+    assert [pair[1] for pair in body["meta_info"]["output_token_logprobs"]] == body["output_ids"]
+    ids = body["output_ids"]
+    trimmed = ids[:-1] if body["meta_info"]["finish_reason"]["type"] == "stop" else ids
+    assert body["text"] == tokenizer.decode(trimmed, skip_special_tokens=True)
+    # greedy: the same tokens as agentrl's own client; the stop token is not in the text
+    body = greedy_verl["response"]
+    assert body["output_ids"] == greedy.token_ids
+    assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": tokenizer.eos_token_id}
+    assert body["text"] == tokenizer.decode(greedy.token_ids[:-1], skip_special_tokens=True)
+    # skip_special_tokens=False and no_stop_trim keep the stop token, as text
+    assert special["response"]["text"] == tokenizer.decode(greedy.token_ids)
+    assert special["response"]["text"].endswith(tokenizer.eos_token)
+    # a stop string: the text ends before it, the ids run to the token that completed it
+    body = stopped["response"]
+    assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert stop not in body["text"] and tokenizer.decode(body["output_ids"]).startswith(
+        body["text"]
+    )
+    assert body["output_ids"] == greedy.token_ids[: len(body["output_ids"])]
+    # a penalty agentrl's sampler does not implement: refused, naming the key
+    assert not penalty["ok"] and penalty["status"] == 400
+    assert "`repetition_penalty` = 1.1 is not supported" in penalty["logged"]
+    # the read-only routes
+    (load,) = loads["response"]["loads"]
+    assert (
+        load["dp_rank"] == 0 and load["num_running_reqs"] == 0 and load["max_running_requests"] > 0
+    )
+    assert (
+        version["response"]
+        == {"weight_version": "0"}
+        == {"weight_version": info["response"]["weight_version"]}
+    )
+    assert models["ok"] and models["response"]["data"]
+    flushed, aborted, begun, ended = control
+    assert flushed["ok"] and aborted == {"op": "abort_all", "ok": True, "response": {}}
+    assert begun["response"]["success"] and ended["response"]["success"]
