@@ -1,8 +1,9 @@
 """The training objective over packed micro-batches: the ``loss_fn`` the actor's step calls.
 
 One packed forward gives the trainer's log-probs of the loss tokens (at the sampling temperature;
-the LM head runs only where a loss token is predicted) and their logits; everything else is
-per-sequence rows (:meth:`PackedMicroBatch.as_rows`) so that sequence-level aggregation and GSPO
+the LM head runs only where a loss token is predicted) and their entropy, all vocabulary-wide
+logits at once or, with ``actor.logprob_chunk_tokens``, a chunk of tokens at a time (never the
+whole ``(K, V)``: :mod:`agentrl.training.chunked_logprobs`); everything else is per-sequence rows (:meth:`PackedMicroBatch.as_rows`) so that sequence-level aggregation and GSPO
 see one row per trajectory:
 
 * the policy loss (:func:`~agentrl.algorithms.losses.policy_loss`: PPO-clip with dual-clip, GSPO or
@@ -49,7 +50,6 @@ from agentrl.algorithms.losses import (
     KLEstimator,
     PolicyLossKind,
     aggregate,
-    entropy_from_logits,
     kl_penalty,
     loss_denominator,
     policy_loss,
@@ -61,8 +61,7 @@ from agentrl.algorithms.off_policy import (
     rejection_mask,
 )
 from agentrl.config import Config, registered
-from agentrl.engine_pool.sampling import logprob_temperature
-from agentrl.training.packing import PackedMicroBatch, packed_forward
+from agentrl.training.packing import PackedMicroBatch, PackedScores, packed_scores
 
 CRITIC_ADVANTAGE = "gae"
 """``algorithm.advantage`` of PPO with a critic: per-token GAE advantages (:mod:`agentrl.rl.critic`)."""
@@ -268,6 +267,7 @@ class Objective:
         temperature: float,
         norm_length: int | None = None,
         reference: nn.Module | None = None,
+        chunk_tokens: int | None = None,
     ) -> None:
         if config.kl_coef > 0 and reference is None:
             raise ValueError("algorithm.kl_coef > 0 needs a reference model")
@@ -275,6 +275,11 @@ class Objective:
         self.temperature = temperature
         self.norm_length = config.norm_length or norm_length
         self.reference = reference
+        self.chunk_tokens = chunk_tokens
+        """``actor.logprob_chunk_tokens``: the LM head and log-softmax run this many tokens at a
+        time, recomputed in the backward (0 or ``None``: all at once; see
+        :func:`~agentrl.training.packing.packed_scores`), for the policy, the reference and the
+        old log-probs alike."""
         self.extremes: dict[str, float] = {}
         """Per-rank maxima since the last :meth:`finish` (minima stored negated)."""
         self.policy_version: int | None = None
@@ -291,11 +296,9 @@ class Objective:
         self, model: nn.Module, batch: PackedMicroBatch
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.config
-        logprobs, logits, scored = packed_forward(
-            model, batch, self.temperature, loss_tokens_only=True
-        )  # (1, T), (1, K, V), (K,)
+        scores = self._scores(model, batch, entropy=True)
         rows = batch.as_rows
-        lp = rows(logprobs)  # (S, L)
+        lp = rows(scores.logprobs)  # (S, L)
         mask = rows(batch.loss_mask.float())
         engine = rows(batch.fields["logprobs"].float())
         advantages = rows(batch.fields["advantages"].float())
@@ -353,10 +356,7 @@ class Objective:
         sums.update({MEAN_METRICS[k]: v * tokens for k, v in metrics.items() if k in MEAN_METRICS})
         if self.reference is not None and cfg.kl_coef > 0:
             with torch.no_grad():
-                reference = packed_forward(
-                    self.reference, batch, self.temperature, loss_tokens_only=True
-                )[0]
-                reference = rows(reference)
+                reference = rows(self._scores(self.reference, batch).logprobs)
             kl = kl_penalty(lp, reference, cfg.kl_estimator)
             loss = loss + cfg.kl_coef * aggregate(kl, mask, agg, norm_length=norm, denominator=1)
             sums["policy/kl_ref"] = torch.where(mask != 0, kl.detach(), 0.0).sum()
@@ -373,11 +373,8 @@ class Objective:
                 sums["mismatch/on_policy_mean_abs"] = on_policy["mean_abs"] * on_policy["n_tokens"]
                 sums["mismatch/on_policy_fraction"] = on_policy["n_tokens"].float()
             # the entropy of the distribution tokens were sampled from: softmax(logits / T)
-            entropy = torch.zeros_like(batch.loss_mask, dtype=torch.float32)  # (1, T)
-            entropy[0, scored] = entropy_from_logits(
-                logits.detach(), temperature=logprob_temperature(self.temperature)
-            )[0]
-            entropy = rows(entropy)
+            assert scores.entropy is not None  # asked for
+            entropy = rows(scores.entropy)
             sums["policy/entropy"] = torch.where(mask != 0, entropy, 0.0).sum()
         sums["tokens"] = tokens
         if batch.n_loss_tokens:
@@ -394,8 +391,21 @@ class Objective:
         :data:`OLD_LOGPROBS`, the ratio reference of every later update on it. Runs the model
         once, as :meth:`__call__` does (so every rank must call it as often)."""
         with torch.no_grad():
-            logprobs = packed_forward(model, batch, self.temperature, loss_tokens_only=True)[0]
+            logprobs = self._scores(model, batch).logprobs
         return dataclasses.replace(batch, fields={**batch.fields, OLD_LOGPROBS: logprobs})
+
+    def _scores(
+        self, model: nn.Module, batch: PackedMicroBatch, *, entropy: bool = False
+    ) -> PackedScores:
+        """The loss tokens' log-probs (and entropy) under ``model``, at the sampling temperature."""
+        return packed_scores(
+            model,
+            batch,
+            self.temperature,
+            loss_tokens_only=True,
+            chunk_tokens=self.chunk_tokens,
+            entropy=entropy,
+        )
 
     def _extreme(self, key: str, value: float) -> None:
         self.extremes[key] = max(self.extremes.get(key, -float("inf")), value)

@@ -25,6 +25,7 @@ schedule, RNG; the data position is the step itself), and the run ends with a Hu
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
 import time
@@ -32,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,27 +48,27 @@ from agentrl.training.actor import Actor
 from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_from
 from agentrl.training.distributed import all_reduce_sum, init_distributed
 from agentrl.training.metrics import MetricsLogger
-from agentrl.training.packing import PackedMicroBatch, pack_for_rank, packed_forward
+from agentrl.training.packing import PackedMicroBatch, pack_for_rank, packed_scores
 from agentrl.training.plots import plot_curves
 from agentrl.training.progress import TrainProgress
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 PROGRESS_KEYS = ("train/loss", "val/loss", "train/token_accuracy", "train/grad_norm")
 CURVE_KEYS = ("train/loss", "val/loss", "train/token_accuracy", "val/token_accuracy")
 
 
 def nll_loss(
-    model: nn.Module, batch: PackedMicroBatch
+    model: nn.Module, batch: PackedMicroBatch, *, chunk_tokens: int | None = None
 ) -> tuple[torch.Tensor, int, dict[str, torch.Tensor]]:
     """``(sum of -log p over the loss tokens, their count, {"token_accuracy": hits})``, the
-    :data:`~agentrl.training.actor.LossFn` contract. The LM head runs on the loss tokens only."""
-    # the actor's model is a (sharded) causal LM; LossFn types it as a plain module
-    causal_lm = cast("PreTrainedModel", model)
-    logprobs, logits, scored = packed_forward(causal_lm, batch, 1.0, loss_tokens_only=True)
-    hits = (logits[0].argmax(-1) == batch.input_ids[0, scored]).sum()  # logits (1, K, V)
-    return -logprobs.sum(), batch.n_loss_tokens, {"token_accuracy": hits}
+    :data:`~agentrl.training.actor.LossFn` contract. The LM head runs on the loss tokens only,
+    ``chunk_tokens`` of them at a time when set (``actor.logprob_chunk_tokens``:
+    :func:`~agentrl.training.packing.packed_scores`)."""
+    scores = packed_scores(
+        model, batch, 1.0, loss_tokens_only=True, chunk_tokens=chunk_tokens, argmax=True
+    )
+    assert scores.argmax is not None  # asked for
+    hits = (scores.argmax == batch.input_ids[0, scores.scored]).sum()  # (K,) greedy == target
+    return -scores.logprobs.sum(), batch.n_loss_tokens, {"token_accuracy": hits}
 
 
 def batch_indices(seed: int, step: int, rows: int, batch_size: int) -> list[int]:
@@ -141,6 +142,7 @@ class SFTTrainer:
         if getattr(model.config, "_attn_implementation", None) != cfg.model.attn_implementation:
             model.set_attn_implementation(cfg.model.attn_implementation)
         self.actor = Actor(model, cfg.actor, dist_info=self.dist)
+        self.loss_fn = functools.partial(nll_loss, chunk_tokens=cfg.actor.logprob_chunk_tokens)
         if resume_from is not None:
             self._resume(resume_from)
         if self.is_main:
@@ -220,7 +222,7 @@ class SFTTrainer:
                 rows, self.dist.rank, self.dist.world_size, self.config.trainer.micro_batch_tokens
             )
         ]
-        report = self.actor.train_step(micro_batches, nll_loss)
+        report = self.actor.train_step(micro_batches, self.loss_fn)
         seconds = time.perf_counter() - start
         tokens = sum(len(row["input_ids"]) for row in rows)
         return {
@@ -247,7 +249,7 @@ class SFTTrainer:
             self.config.trainer.micro_batch_tokens,
         )
         for micro_batch in plan:
-            loss, count, metrics = nll_loss(self.actor.model, micro_batch.to(self.actor.device))
+            loss, count, metrics = self.loss_fn(self.actor.model, micro_batch.to(self.actor.device))
             sums += torch.tensor([float(loss), count, float(metrics["token_accuracy"])])
         loss_sum, count, hits = all_reduce_sum(sums).tolist()
         return {"val/loss": loss_sum / count, "val/token_accuracy": hits / count}

@@ -81,6 +81,17 @@ class ActorConfig(Config):
     """Clip the global gradient L2 norm to this value; ``None`` reports the norm without clipping."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward: less memory, about 1/3 more compute."""
+    logprob_chunk_tokens: int | None = Field(1024, ge=0)
+    """Log-probs and entropy from the final hidden states, this many tokens at a time
+    (`agentrl.training.chunked_logprobs`): the LM head, temperature, log-sum-exp, picked token and
+    entropy per chunk, each chunk's logits freed and recomputed in the backward, so a
+    micro-batch's (tokens x vocabulary) logits never exist at once: memory ``O(chunk x V)``
+    instead of several ``O(tokens x V)`` float32 copies (4,096 tokens x 49,152 x 4 bytes is
+    0.8 GB each). Costs the LM head's forward once more in the backward (SmolLM2: about 7% of a
+    step's FLOPs). The same numbers to rounding. ``0`` or ``null``: all at once (the unchunked
+    path; needed for models whose logits are not ``lm_head(hidden)``, e.g. Gemma 2's
+    soft-capping, which the chunked path refuses). Applies to the policy's loss (RL and SFT),
+    the reference model's KL and the old log-probs; the critic's value head has no vocabulary."""
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     """``"bf16"``: bfloat16 compute, float32 master weights and gradient reduction; ``"fp32"``: float32
     throughout; ``"auto"``: ``"bf16"`` on CUDA, ``"fp32"`` on CPU."""

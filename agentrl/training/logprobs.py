@@ -24,6 +24,11 @@ import torch
 from transformers import PreTrainedModel
 
 from agentrl.engine_pool.sampling import temperature_logprobs
+from agentrl.training.chunked_logprobs import (
+    chunked_token_scores,
+    final_hidden_states,
+    output_head,
+)
 
 
 def token_logprobs(
@@ -31,6 +36,8 @@ def token_logprobs(
     input_ids: torch.Tensor,
     temperature: float,
     attention_mask: torch.Tensor | None = None,
+    *,
+    chunk_tokens: int | None = None,
 ) -> torch.Tensor:
     """Log-probs ``(B, T - 1)`` float32 of ``input_ids[:, 1:]`` given their prefixes.
 
@@ -38,17 +45,30 @@ def token_logprobs(
     ``input_ids[b, t + 1]`` (``T = 1`` when ``temperature == 0``). With ``attention_mask`` (``(B,
     T)``, 0 on padding, left or right), position ids count real tokens only, as in the engine;
     entries whose target is padding are meaningless and must be masked by the caller.
-    Differentiable when grad is enabled.
+    Differentiable when grad is enabled. ``chunk_tokens`` (positive): the LM head and log-softmax
+    run that many tokens at a time and are recomputed in the backward, never holding the
+    ``(B, T, V)`` logits (:mod:`agentrl.training.chunked_logprobs`); the same values to rounding.
     """
     position_ids = None
     if attention_mask is not None:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-    ).logits  # (B, T, V)
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "use_cache": False,
+    }
+    if chunk_tokens:
+        hidden = final_hidden_states(model, **inputs)[:, :-1]  # (B, T - 1, H)
+        scores = chunked_token_scores(
+            hidden.reshape(-1, hidden.shape[-1]),
+            output_head(model),
+            input_ids[:, 1:].reshape(-1),
+            temperature,
+            chunk_tokens,
+        )
+        return scores.logprobs.float().view(input_ids.shape[0], -1)
+    logits = model(**inputs).logits  # (B, T, V)
     return temperature_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
 
 

@@ -46,8 +46,14 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
-from agentrl.engine_pool.sampling import temperature_logprobs
+from agentrl.algorithms.losses import entropy_from_logits
+from agentrl.engine_pool.sampling import logprob_temperature, temperature_logprobs
 from agentrl.tokenization.trajectory import TokenTrajectory
+from agentrl.training.chunked_logprobs import (
+    chunked_token_scores,
+    final_hidden_states,
+    output_head,
+)
 from agentrl.training.micro_batches import Plan, balance_across_ranks, plan_micro_batches
 
 SequenceLike = TokenTrajectory | Mapping[str, Any]
@@ -171,33 +177,59 @@ def build_micro_batches(sequences: Sequence[SequenceLike], plan: Plan) -> list[P
     ]
 
 
-def packed_logprobs(model: nn.Module, batch: PackedMicroBatch, temperature: float) -> torch.Tensor:
+def packed_logprobs(
+    model: nn.Module,
+    batch: PackedMicroBatch,
+    temperature: float,
+    *,
+    chunk_tokens: int | None = None,
+) -> torch.Tensor:
     """Log-probs ``(1, T)`` float32 from one packed forward; entry ``t`` scores token ``t``.
 
     Each entry is :func:`~agentrl.engine_pool.sampling.temperature_logprobs` of the token given
     the tokens before it in its own sequence; the first token of every segment gets 0. Runs the
     model as the caller left it (train mode and grad: differentiable). Raises ``ValueError`` for an
-    attention implementation not in :data:`PACKED_ATTENTION`.
+    attention implementation not in :data:`PACKED_ATTENTION`. ``chunk_tokens``: as
+    :func:`packed_scores`.
     """
-    return packed_forward(model, batch, temperature)[0]
+    return packed_scores(model, batch, temperature, chunk_tokens=chunk_tokens).logprobs
 
 
-def packed_forward(
+@dataclass
+class PackedScores:
+    """What :func:`packed_scores` computed for the ``K`` scored tokens of a micro-batch."""
+
+    logprobs: torch.Tensor  # (1, T) float32, 0 where not scored; differentiable
+    scored: torch.Tensor  # (K,) int64: the positions scored
+    entropy: torch.Tensor | None  # (1, T) float32, 0 where not scored; no gradient
+    argmax: torch.Tensor | None  # (K,) int64: the most likely token at each scored position
+
+
+def packed_scores(
     model: nn.Module,
     batch: PackedMicroBatch,
     temperature: float,
     *,
     loss_tokens_only: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`packed_logprobs`, plus the logits they came from (for entropy) and where they are.
+    chunk_tokens: int | None = None,
+    entropy: bool = False,
+    argmax: bool = False,
+) -> PackedScores:
+    """:func:`packed_logprobs`, plus, when asked, the entropy of ``softmax(logits / T)`` (the
+    distribution tokens were sampled from; for logging: it carries no gradient) and the greedy
+    token at each scored position.
 
-    Returns ``(logprobs (1, T), logits (1, K, V), scored (K,))``: ``logits[0, k]`` is the model's
-    prediction of token ``scored[k]`` (computed at position ``scored[k] - 1``). By default every
-    token but each sequence's first is scored. With ``loss_tokens_only`` only tokens with loss mask
-    1 are, and the LM head runs only at their predecessors (through the model's ``logits_to_keep``
-    argument): prompt and tool tokens need hidden states for the context but no vocabulary-wide
-    logits, which on a 49k vocabulary is a fifth of SmolLM2's per-token compute. Unscored entries of
-    ``logprobs`` are 0.
+    By default every token but each sequence's first is scored. With ``loss_tokens_only`` only
+    tokens with loss mask 1 are, and the LM head runs only at their predecessors: prompt and tool
+    tokens need hidden states for the context but no vocabulary-wide logits, which on a 49k
+    vocabulary is a fifth of SmolLM2's per-token compute.
+
+    ``chunk_tokens`` (``actor.logprob_chunk_tokens``): 0 or ``None`` computes the ``(K, V)``
+    logits at once (through the model's ``logits_to_keep``) and keeps them for the backward; a
+    positive value never materialises them: the final hidden states go through the LM head
+    ``chunk_tokens`` tokens at a time, recomputed in the backward
+    (:func:`~agentrl.training.chunked_logprobs.chunked_token_scores`), the same numbers to
+    rounding for ``O(chunk_tokens x V)`` memory instead of ``O(K x V)``.
     """
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation not in PACKED_ATTENTION:
@@ -209,17 +241,43 @@ def packed_forward(
     if loss_tokens_only:
         wanted = wanted & (batch.loss_mask[0] != 0)
     scored = wanted.nonzero().squeeze(-1)  # (K,)
-    logits = model(
-        input_ids=batch.input_ids,
-        position_ids=batch.position_ids,
-        use_cache=False,
-        logits_to_keep=scored - 1,
-    ).logits  # (1, K, V)
-    values = temperature_logprobs(logits, batch.input_ids[:, scored], temperature)  # (1, K)
-    aligned = values.new_zeros(batch.input_ids.shape).index_put(
-        (torch.zeros_like(scored), scored), values[0]
+    targets = batch.input_ids[0, scored]  # (K,)
+    inputs = {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "use_cache": False}
+    if chunk_tokens:
+        hidden = final_hidden_states(model, **inputs)[0, scored - 1]  # (K, H)
+        chunked = chunked_token_scores(
+            hidden,
+            output_head(model),
+            targets,
+            temperature,
+            chunk_tokens,
+            entropy=entropy,
+            argmax=argmax,
+        )
+        values, top = chunked.logprobs, chunked.argmax  # (K,), (K,)
+        ent = None if chunked.entropy is None else chunked.entropy.detach()
+    else:
+        logits = model(**inputs, logits_to_keep=scored - 1).logits[0]  # (K, V)
+        values = temperature_logprobs(logits, targets, temperature)  # (K,)
+        top = logits.detach().argmax(-1) if argmax else None
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                ent = entropy_from_logits(
+                    logits.detach()[None], temperature=logprob_temperature(temperature)
+                )[0]
+    return PackedScores(
+        logprobs=_aligned(values, scored, batch),
+        scored=scored,
+        entropy=None if ent is None else _aligned(ent, scored, batch),
+        argmax=top,
     )
-    return aligned, logits, scored
+
+
+def _aligned(values: torch.Tensor, scored: torch.Tensor, batch: PackedMicroBatch) -> torch.Tensor:
+    """``(K,)`` values at ``scored`` in a ``(1, T)`` float32 tensor of zeros (differentiable)."""
+    zeros = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=values.device)
+    return zeros.index_put((torch.zeros_like(scored), scored), values.float())
 
 
 def _raw_columns(seq: SequenceLike) -> Mapping[str, Any]:

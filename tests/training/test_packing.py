@@ -29,8 +29,8 @@ from agentrl.training.packing import (
     PackedMicroBatch,
     pack,
     pack_for_rank,
-    packed_forward,
     packed_logprobs,
+    packed_scores,
 )
 
 MAX_TOKENS = 48
@@ -221,15 +221,22 @@ def test_scoring_only_loss_tokens_gives_the_same_logprobs_and_gradients() -> Non
     (batch,) = pack(rows, sum(map(len, SEQUENCES)))
     weight = model.model.layers[0].self_attn.q_proj.weight
     model.zero_grad()
-    full, full_logits, full_scored = packed_forward(model, batch, 0.7)
+    full_scores = packed_scores(model, batch, 0.7)
+    full = full_scores.logprobs
     (full * batch.loss_mask).sum().backward()
     want_grad = weight.grad.clone()
     model.zero_grad()
-    only, logits, scored = packed_forward(model, batch, 0.7, loss_tokens_only=True)
+    head_rows: list[int] = []  # the rows the LM head runs on
+    hook = model.lm_head.register_forward_hook(
+        lambda _m, args, _o: head_rows.append(args[0].shape[1])
+    )
+    only_scores = packed_scores(model, batch, 0.7, loss_tokens_only=True)
+    hook.remove()
+    only = only_scores.logprobs
     only.sum().backward()
     loss_positions = batch.loss_mask[0].nonzero().squeeze(-1)
-    torch.testing.assert_close(scored, loss_positions)
-    assert logits.shape[1] == len(loss_positions) < full_logits.shape[1] == len(full_scored)
+    torch.testing.assert_close(only_scores.scored, loss_positions)
+    assert head_rows == [len(loss_positions)] and len(loss_positions) < len(full_scores.scored)
     torch.testing.assert_close(only, full.detach() * batch.loss_mask, atol=tol[0.7], rtol=0)
     torch.testing.assert_close(weight.grad, want_grad, atol=tol["grad"], rtol=0)
 
