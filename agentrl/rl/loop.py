@@ -73,7 +73,6 @@ from agentrl.rl.critic import Critic, load_value_model, value_model_from_policy
 from agentrl.rl.engines import EMBEDDED, RolloutEngines, start_engines, sync_engines
 from agentrl.rl.objective import CRITIC_ADVANTAGE, EXTREME_KEYS, Objective
 from agentrl.rl.validation import validate, validation_config
-from agentrl.rollout.agent import AgentRunner
 from agentrl.rollout.mixture import EnvMixture
 from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.rollout.stream import Group, RolloutStream
@@ -177,6 +176,7 @@ class Trainer:
             temperature=cfg.rollout.temperature,
             norm_length=cfg.rollout.max_new_tokens,
             reference=reference,
+            chunk_tokens=cfg.actor.logprob_chunk_tokens,
         )
         stream_state = self._resume(resume_from)
         if self.is_main:
