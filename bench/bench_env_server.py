@@ -12,7 +12,7 @@ process as the client, both on this machine:
    clients, each sending its next step when the last is answered). Per-step latency as the client
    sees it (send to reply), p50/p99.
 3. **One at a time.** With the N sessions still held, ``--probe-steps`` steps of one session, one
-   after another: the latency without queueing.
+   after another (Math-v0: reset with seeds 0, 1, ... N-1 in turn): the latency without queueing.
 4. **In-process.** The same environment made in this process (``gymnasium.make``), the same
    actions (Math-v0: the same seeds as the served steps, Echo: one session's 200 steps): ``astep``
    time p50/p99. Each side's first step (lazy imports: Math-v0's verifier takes seconds) is
@@ -62,6 +62,7 @@ class Run:
     inproc_ms: list[float] = field(default_factory=list)
     open_s: float = 0.0
     cold_ms: float = 0.0
+    load_s: float = 0.0
 
 
 def rss_kib(pid: int) -> int:
@@ -144,10 +145,12 @@ async def served(
                     run.errors.append(f"step: {type(exc).__name__}: {exc}")
                     return
 
+        began = time.perf_counter()
         await asyncio.gather(*(client(ws, i) for i, ws in enumerate(sockets)))
+        run.load_s = time.perf_counter() - began
         if sockets:
-            for _ in range(probe_steps):
-                await step(sockets[0], 0, run.probe_ms)
+            for index in range(probe_steps):
+                await step(sockets[0], index % run.sessions, run.probe_ms)
         await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
 
 
@@ -224,7 +227,8 @@ def report(run: Run) -> str:
         f"  served, first step of the server (untimed below): {run.cold_ms:.1f} ms",
         f"  in-process step:       p50 {inproc50:.3f} ms, p99 {inproc99:.3f} ms",
         f"  served, all at once:   p50 {pct(run.load_ms, 0.5):.1f} ms, p99 "
-        f"{pct(run.load_ms, 0.99):.1f} ms ({len(run.load_ms)} steps); added p50 "
+        f"{pct(run.load_ms, 0.99):.1f} ms ({len(run.load_ms)} steps, "
+        f"{len(run.load_ms) / max(run.load_s, 1e-9):.0f} steps/s); added p50 "
         f"{pct(run.load_ms, 0.5) - inproc50:.1f} ms, p99 {pct(run.load_ms, 0.99) - inproc99:.1f} ms",
         f"  served, one at a time: p50 {pct(run.probe_ms, 0.5):.2f} ms, p99 "
         f"{pct(run.probe_ms, 0.99):.2f} ms; added p50 {pct(run.probe_ms, 0.5) - inproc50:.2f} ms, "
