@@ -57,10 +57,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +74,7 @@ from agentrl.engine_pool.sglang_api import (
     decode_named_tensors,
     error_body,
     generate_response,
+    loads_body,
     parse_generate_request,
     parse_version,
 )
@@ -172,52 +171,21 @@ class EngineServer:
         return response
 
     async def loads(self, request: web.Request) -> web.Response:
-        """SGLang 0.5.23's ``GET /v1/loads`` (``entrypoints/v1_loads.py``): one DP rank's
-        ``LoadSnapshot`` core fields; the fields agentrl has no counterpart for are 0 (SGLang's
-        defaults). ``include`` and ``dp_rank`` filter as SGLang's do; ``format=prometheus`` is
-        not served (400)."""
-        include = request.query.get("include")
-        sections = {part.strip() for part in include.split(",")} if include else None
-        valid = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
-        if sections is not None and not sections <= valid:
-            message = (
-                f"Invalid include sections: {sections - valid}. Valid options: {sorted(valid)}"
-            )
-            return _http_error(message, 400)
-        if request.query.get("format") == "prometheus":
+        """SGLang 0.5.23's ``GET /v1/loads`` (see :func:`~agentrl.engine_pool.sglang_api.loads_body`)."""
+        query = request.query
+        if query.get("format") == "prometheus":
             return _http_error("format=prometheus is not served by agentrl serve", 400)
-        dp_rank = request.query.get("dp_rank")
-        running = len(self._inflight)
-        load = {
-            "timestamp": time.time(),
-            "dp_rank": 0,
-            "num_running_reqs": running,
-            "num_waiting_reqs": 0,
-            "num_waiting_uncached_tokens": 0,
-            "num_used_tokens": 0,
-            "num_total_tokens": 0,
-            "num_active_tokens": 0,
-            "num_prealloc_ready_tokens": 0,
-            "max_total_num_tokens": 0,
-            "max_running_requests": self.engine.max_batch_size,
-            "token_usage": 0.0,
-            "gen_throughput": 0.0,
-            "cache_hit_rate": self.engine.stats.prefix_hit_rate,
-            "utilization": running / max(1, self.engine.max_batch_size),
-            "total_prefill_uncached_tokens": 0,
-            "total_prefill_busy_us": 0,
-            "decode_moments": None,
-        }
-        loads = [] if dp_rank not in (None, "0") else [load]
-        return web.json_response(
-            {
-                "timestamp": datetime.now(UTC).isoformat(),
-                "version": "agentrl",
-                "accelerator": None,
-                "num_accelerators": 1,
-                "loads": loads,
-            }
-        )
+        try:
+            body = loads_body(
+                running=len(self._inflight),
+                max_running=self.engine.max_batch_size,
+                cache_hit_rate=self.engine.stats.prefix_hit_rate,
+                include=query.get("include"),
+                dp_rank=query.get("dp_rank"),
+            )
+        except ProtocolError as exc:
+            return _http_error(str(exc), 400)
+        return web.json_response(body)
 
     async def get_weight_version(self, request: web.Request) -> web.Response:
         """``GET /get_weight_version``: ``{"weight_version": str}``, as SGLang before 0.5.23 had

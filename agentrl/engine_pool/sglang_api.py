@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import base64
 import io
+import time
+from datetime import UTC, datetime
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -203,6 +205,58 @@ def parse_generate_response(body: Any, prompt_tokens: int) -> GenerateResult:
         request_id=str(meta.get("id", "")),
         matched_stop=matched if reason == "stop" and isinstance(matched, str) else None,
     )
+
+
+def loads_body(
+    *,
+    running: int,
+    max_running: int,
+    cache_hit_rate: float,
+    include: str | None = None,
+    dp_rank: str | None = None,
+) -> dict[str, Any]:
+    """``GET /v1/loads`` as SGLang 0.5.23 answers it (``entrypoints/v1_loads.py``,
+    ``LoadSnapshot.to_dict``): one rank's snapshot, its core fields; those agentrl has no
+    counterpart for are SGLang's defaults (0). ``include`` is checked as SGLang checks it
+    (:class:`ProtocolError` naming the bad sections); ``dp_rank`` other than 0 answers no loads."""
+    valid = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
+    sections = {part.strip() for part in include.split(",")} if include else set()
+    if not sections <= valid:
+        raise ProtocolError(
+            f"Invalid include sections: {sections - valid}. Valid options: {sorted(valid)}"
+        )
+    load = {
+        "timestamp": time.time(),
+        "dp_rank": 0,
+        "num_running_reqs": running,
+        **dict.fromkeys(_ZERO_LOAD_FIELDS, 0),
+        "max_running_requests": max_running,
+        "token_usage": 0.0,
+        "gen_throughput": 0.0,
+        "cache_hit_rate": cache_hit_rate,
+        "utilization": running / max(1, max_running),
+        "decode_moments": None,
+    }
+    return {
+        "timestamp": datetime.now(UTC).isoformat(),
+        "version": "agentrl",
+        "accelerator": None,
+        "num_accelerators": 1,
+        "loads": [load] if dp_rank in (None, "0") else [],
+    }
+
+
+_ZERO_LOAD_FIELDS = (
+    "num_waiting_reqs",
+    "num_waiting_uncached_tokens",
+    "num_used_tokens",
+    "num_total_tokens",
+    "num_active_tokens",
+    "num_prealloc_ready_tokens",
+    "max_total_num_tokens",
+    "total_prefill_uncached_tokens",
+    "total_prefill_busy_us",
+)
 
 
 # -- weight payloads (``serialized_named_tensors`` entries) ------------------------------------
