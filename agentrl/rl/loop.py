@@ -73,6 +73,7 @@ from agentrl.rl.critic import Critic, load_value_model, value_model_from_policy
 from agentrl.rl.engines import EMBEDDED, RolloutEngines, start_engines, sync_engines
 from agentrl.rl.objective import CRITIC_ADVANTAGE, EXTREME_KEYS, Objective
 from agentrl.rl.validation import validate, validation_config
+from agentrl.rollout.agent import AgentRunner
 from agentrl.rollout.mixture import EnvMixture
 from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.rollout.stream import Group, RolloutStream
@@ -122,6 +123,8 @@ class Trainer:
         self.engine_dtype = "float32"
         """The engine's weight dtype (``engines.dtype`` resolved: ``auto`` by the device)."""
         self.stream: RolloutStream | None = None
+        self.agents: AgentRunner | None = None
+        """The endpoint and episodes of ``agent.entry``, when the run trains an agent (rank 0)."""
         self.metrics: MetricsLogger | None = None
         self.progress: TrainProgress | None = None
         self.last_checkpoint_step: int | None = None
@@ -222,6 +225,12 @@ class Trainer:
             if cfg.env.mix:
                 weights = [spec.weight for spec in specs]
                 runner = EnvMixture(runners, weights, seed=cfg.trainer.seed)
+            if cfg.agent.entry is not None:  # the user's agent; the environment gives its tasks
+                self.agents = AgentRunner.configured(
+                    cfg.agent, cfg.rollout, specs[0], self.engine, self.tokenizer
+                )
+                await self.agents.start()
+                runner = self.agents
             self.stream = RolloutStream(
                 runner,
                 group_size=cfg.rollout.group_size,
@@ -245,6 +254,9 @@ class Trainer:
         if self.stream is not None:
             await self.stream.aclose()
             self.stream = None
+        if self.agents is not None:
+            await self.agents.aclose()
+            self.agents = None
         if self.engines is not None:
             await self.engines.aclose()
             self.engines = None
@@ -387,6 +399,7 @@ class Trainer:
             **batch.metrics,
             **report,
             **(self.engines.metrics() if self.engines is not None else {}),
+            **(self.agents.metrics() if self.agents is not None else {}),
             "version/trained_on": float(version),
             "time/wait_rollouts_s": wait_s,
             "time/train_s": train_s,

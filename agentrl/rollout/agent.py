@@ -5,25 +5,20 @@ An *agent* is an ``async`` function named by ``agent.entry`` (``"module:function
 
     async def solve(task: AgentTask, client: openai.AsyncOpenAI) -> float | str: ...
 
-Per episode, :class:`AgentRunner` resets the environment (``env.id``: it gives the task and grades
-the answer), and calls the agent with the task and an ``openai.AsyncOpenAI`` client whose base URL
-is a session of its own (``/sessions/{id}/v1``) on an OpenAI-compatible endpoint served on
-loopback over the rollout engine (:class:`~agentrl.engine_pool.gateway.Gateway`). The agent runs
-unchanged: its chat calls are templated, sampled and recorded token-exactly by the gateway. The
-sampling is the trainer's, whatever the agent asks: ``rollout.temperature`` and ``top_p`` (the
-objective scores tokens at them), at most ``rollout.max_new_tokens`` per call and
-``rollout.max_total_tokens`` per conversation; the agent's ``n``, ``stop`` and ``seed`` are kept.
+Per episode, :class:`AgentRunner` resets the environment (``env.id``: the task and the grader)
+and calls the agent with the task and an ``openai.AsyncOpenAI`` client bound to a session of its
+own (``/sessions/{id}/v1``) on a :class:`~agentrl.engine_pool.gateway.Gateway` served on loopback
+over the rollout engine, which templates, samples and records its calls token-exactly. Sampling is
+the trainer's, whatever the agent asks: ``rollout.temperature`` and ``top_p``, at most
+``rollout.max_new_tokens`` a call and ``rollout.max_total_tokens`` a conversation (``n``,
+``stop`` and ``seed`` are the agent's). A number returned is the reward; a string is the final
+answer, graded by the environment (``env.astep(answer)``).
 
-What the agent returns gives the reward: a number is the reward; a string is its final answer,
-which the environment grades (``env.astep(answer)``: Math-v0's verifier, for example).
-
-The trajectory. The session's segment that holds the agent's last call (choice 0) is the episode's
-:class:`~agentrl.rollout.trajectory.Trajectory`: its token ids, loss mask, the engine's log-probs
-and each token's weight version, as the gateway recorded them, one :class:`Turn` per call. Where
-the agent rewrote its history the session has several segments; the others (and the siblings of
-``n > 1`` calls) are not trained on (:attr:`AgentRunner.segments_dropped` counts them). With ``stream.partial_rollouts="abort"`` the gateway continues aborted generations itself
-(the agent gets one reply, its tokens tagged with the versions that sampled them); under
-``"pause"`` the engine carries them.
+The trajectory is the session's segment holding the agent's last call (choice 0): ids, loss mask,
+engine log-probs and per-token weight versions as the gateway recorded them, one :class:`Turn`
+per call. Other segments (a rewritten history, ``n > 1`` siblings) are not trained on
+(:meth:`AgentRunner.metrics`). Under ``stream.partial_rollouts="abort"`` the gateway continues
+aborted generations itself, so the agent gets one reply with per-token versions.
 
 Whose fault. The reward judges the policy only when the episode ran as intended; otherwise the
 trajectory is left out of training, as environments' failures are (``Trajectory.judged``):
@@ -41,8 +36,7 @@ trajectory is left out of training, as environments' failures are (``Trajectory.
   outgrew ``rollout.max_total_tokens`` (the SDK's ``BadRequestError`` with code
   ``context_length_exceeded``): reward 0, ``truncated``, ``stop_reason="context_length"``.
 
-Not guaranteed: reproducible sampling (the agent's calls carry no per-turn seed unless it sets
-one), and an agent's own state across episodes (each episode gets a new client, nothing else).
+Not guaranteed: reproducible sampling (calls carry no per-turn seed unless the agent sets one).
 """
 
 from __future__ import annotations
@@ -81,8 +75,8 @@ from agentrl.rollout.runner import EnvMaker, RolloutConfig, RolloutTask, env_tag
 from agentrl.rollout.trajectory import Trajectory, Turn
 from agentrl.tokenization import SegmentKind, TokenTrajectory
 
+# the SDK's errors for calls the endpoint could not serve (APITimeoutError is a connection error)
 INFRA_EXCEPTIONS = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
-"""The SDK's errors for calls the endpoint could not serve (APITimeoutError is a connection error)."""
 
 
 class AgentConfig(Config):
@@ -191,6 +185,7 @@ class AgentRunner:
         self._faults: dict[str, str] = {}  # session -> the first call the endpoint failed
         self._running: dict[str, int] = {}  # session -> its calls being served
         self._abandoned: set[str] = set()  # closed sessions with a call still running
+        self.episodes = 0
         self.segments_dropped = 0
         """Segments of finished sessions that were not their episode's trajectory."""
 
@@ -246,6 +241,15 @@ class AgentRunner:
             await self._site.cleanup()
             self._site = None
 
+    def metrics(self) -> dict[str, float]:
+        """Counts since the start: ``agent/episodes`` run, ``agent/segments_dropped`` (segments
+        not trained on), ``agent/splits`` (calls that started a new segment)."""
+        return {
+            "agent/episodes": float(self.episodes),
+            "agent/segments_dropped": float(self.segments_dropped),
+            "agent/splits": float(self.gateway.sessions.splits),
+        }
+
     def _sampling(self, asked: Sampling, prompt_tokens: int) -> Sampling:
         """The trainer's sampling for a call, whatever the agent asked (module docstring)."""
         room = self.max_total_tokens - prompt_tokens
@@ -288,6 +292,7 @@ class AgentRunner:
         if self._site is None:
             raise RuntimeError("AgentRunner.run before start(): use `async with AgentRunner(...)`")
         env = self.make_env()
+        self.episodes += 1
         try:
             return await self._episode(env, task)
         finally:
@@ -371,11 +376,8 @@ class AgentRunner:
             trajectory.terminated, trajectory.stop_reason = True, "agent"
             return
         if not isinstance(returned, str):
-            _fail(
-                trajectory,
-                f"agent: returned {type(returned).__name__}; expected a number (the reward) or "
-                "a string (the answer the environment grades)",
-            )
+            kind = type(returned).__name__
+            _fail(trajectory, f"agent: returned {kind}; expected a number (reward) or a string")
             return
         try:
             _, reward, terminated, truncated, info = await env.astep(returned)

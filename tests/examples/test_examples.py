@@ -66,5 +66,7 @@ def test_example_trains_one_step(example, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1]
     assert rows[0]["episodes/count"] == 4 and rows[0]["episodes/errors"] == 0
+    if "agent" in example.stem:  # the agent's episodes, not the environment's own turns
+        assert rows[0]["agent/episodes"] >= 4 and rows[0]["agent/segments_dropped"] == 0
     if "mix" in example.stem:
         assert any(key.startswith("env/math/") or key.startswith("env/code/") for key in rows[0])

@@ -1,10 +1,11 @@
 """The agent the trainer calls (``agent.entry=tests/rollout/langchain_bridge.py:solve``): it runs
 the LangChain agent of ``langchain_side.py`` unchanged in ``.venv-langchain``, its ``ChatOpenAI``
 pointed at this episode's session, and returns the agent's final answer for the environment to
-grade."""
+grade. With ``LANGCHAIN_AGENT_LOG`` set, each episode's report is appended to that file."""
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,4 +32,7 @@ async def run_langchain(base_url: str, model: str, messages: list[dict[str, Any]
 
 async def solve(task, client) -> str:
     report = await run_langchain(str(client.base_url), task.model, task.messages)
+    if log := os.environ.get("LANGCHAIN_AGENT_LOG"):
+        with open(log, "a") as file:
+            file.write(json.dumps(report) + "\n")
     return report["answer"]

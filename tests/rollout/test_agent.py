@@ -80,7 +80,11 @@ async def test_the_example_agent_trains_on_token_exact_graded_trajectories(engin
             assert sum(tokens.loss_mask) == t.completion_tokens == sum(map(len, calls))
             assert all(tokens.versions[i] == 0 for p in completions for i in range(p.start, p.end))
             assert all(turn.completion_tokens <= 24 for turn in t.turns)  # agent asked 96
-    assert agents.segments_dropped == 0
+    assert agents.metrics() == {
+        "agent/episodes": 4.0,
+        "agent/segments_dropped": 0.0,
+        "agent/splits": 0.0,
+    }
 
 
 async def test_the_trainers_sampling_wins_over_the_agents(tiny_engine, tokenizer):

@@ -3,6 +3,7 @@
 tool call and tool result recorded token-exactly, and trained for a step by ``agentrl train``."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,9 +75,14 @@ def test_a_langchain_agent_trains_for_a_step(tmp_path):
         "rollout.group_size=2",
         "rollout.max_new_tokens=48",
     ]
-    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=580)
+    log = tmp_path / "langchain.jsonl"
+    env = {**os.environ, "LANGCHAIN_AGENT_LOG": str(log)}
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=580, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1]
     assert rows[0]["episodes/count"] == 4 and rows[0]["episodes/errors"] == 0, rows[0]
     assert rows[0]["episodes/infra_errors"] == 0 and rows[0]["batch/sequences"] == 4, rows[0]
+    reports = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(reports) == 4 and all(report["calls"] >= 1 for report in reports)  # LangChain ran
+    assert rows[0]["agent/episodes"] == 4
