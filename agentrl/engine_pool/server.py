@@ -80,6 +80,7 @@ from agentrl.engine_pool.sglang_api import (
 )
 from agentrl.engine_pool.sglang_sampling import response_text, text_options
 from agentrl.engine_pool.weight_group import DEFAULT_GROUP, join_group, leave_group, receive
+from agentrl.http_app import serve_app
 from agentrl.models import load_tokenizer
 
 _HEALTH_TIMEOUT_S = 20.0
@@ -505,13 +506,5 @@ async def serve(
             context_length=getattr(engine.model.config, "max_position_embeddings", None),
         )
         GatewayRoutes(gateway).add_to(server.app)
-        runner = web.AppRunner(server.app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, host, port).start()
-            print(f"agentrl serve: {model} on http://{host}:{port} (ready)", flush=True)
-            if ready is not None:
-                ready.set()
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
+        banner = f"agentrl serve: {model} on http://{host}:{port}"
+        await serve_app(server.app, host, port, banner, ready)

@@ -45,6 +45,7 @@ from agentrl.env_server.sessions import (
     UnknownSession,
 )
 from agentrl.envs.remote import protocol as p
+from agentrl.http_app import serve_app
 
 
 class EnvServer:
@@ -400,17 +401,8 @@ async def serve(
     server: EnvServer, *, host: str, port: int, ready: asyncio.Event | None = None
 ) -> None:
     """Serve until cancelled; every session's environment is closed on the way out."""
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-        print(
-            f"agentrl env serve: {server.env_id} on http://{host}:{port} (OpenEnv protocol; "
-            f"WebSocket sessions at ws://{host}:{port}/ws) (ready)",
-            flush=True,
-        )
-        if ready is not None:
-            ready.set()
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+    banner = (
+        f"agentrl env serve: {server.env_id} on http://{host}:{port} (OpenEnv protocol; "
+        f"WebSocket sessions at ws://{host}:{port}/ws)"
+    )
+    await serve_app(server.app, host, port, banner, ready)

@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from agentrl.http_app import serve_app
 from agentrl.tools.retriever import (
     MAX_QUERY_CHARS,
     Hit,
@@ -315,17 +316,8 @@ async def serve(
     """Load the index at ``index_path`` and serve it until cancelled; ``options`` go to
     :class:`RetrieverService`."""
     index = await asyncio.to_thread(load_index, index_path)
-    runner = web.AppRunner(RetrieverService(index, **options).app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-        print(
-            f"agentrl retriever serve: {index.kind} index of {len(index)} documents "
-            f"on http://{host}:{port}/retrieve (ready)",
-            flush=True,
-        )
-        if ready is not None:
-            ready.set()
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+    banner = (
+        f"agentrl retriever serve: {index.kind} index of {len(index)} documents "
+        f"on http://{host}:{port}/retrieve"
+    )
+    await serve_app(RetrieverService(index, **options).app, host, port, banner, ready)

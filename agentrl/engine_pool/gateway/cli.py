@@ -63,6 +63,7 @@ async def serve_gateway(args: argparse.Namespace, ready: asyncio.Event | None = 
     from agentrl.engine_pool.gateway.service import Gateway
     from agentrl.engine_pool.pool import EnginePool
     from agentrl.engine_pool.sglang_engine import SGLangEngine
+    from agentrl.http_app import serve_app
     from agentrl.models import load_tokenizer
 
     template = Path(args.chat_template).read_text() if args.chat_template else None
@@ -81,17 +82,8 @@ async def serve_gateway(args: argparse.Namespace, ready: asyncio.Event | None = 
         max_body = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES
         app = web.Application(client_max_size=max_body + 1)
         GatewayRoutes(gateway, max_body_bytes=max_body).add_to(app)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, args.host, args.port).start()
-            print(
-                f"agentrl gateway: {gateway.model_name} on http://{args.host}:{args.port}/v1 "
-                f"in front of {', '.join(args.engine_url)} (ready)",
-                flush=True,
-            )
-            if ready is not None:
-                ready.set()
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
+        banner = (
+            f"agentrl gateway: {gateway.model_name} on http://{args.host}:{args.port}/v1 "
+            f"in front of {', '.join(args.engine_url)}"
+        )
+        await serve_app(app, args.host, args.port, banner, ready)
