@@ -22,6 +22,7 @@ import requests
 from openenv.cli._validation import validate_running_environment
 from openenv.core import EnvClient, GenericEnvClient
 from openenv.core.client_types import StepResult
+from openenv.core.env_server.serialization import serialize_observation
 from openenv.core.env_server.types import Action, Observation, State
 from openenv.validation.graders.runtime import (
     ObservationSchemaGrader,
@@ -293,6 +294,13 @@ def validate(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def serialize(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """OpenEnv's own ``serialize_observation`` of each ``{observation fields, reward, done}``."""
+    return [
+        serialize_observation(AgentrlObservation(**fields)) for fields in request["observations"]
+    ]
+
+
 COMMANDS = {
     "episode": episode,
     "concurrent": concurrent,
@@ -300,6 +308,7 @@ COMMANDS = {
     "http_session": http_session,
     "limits": limits,
     "validate": validate,
+    "serialize": serialize,
 }
 
 

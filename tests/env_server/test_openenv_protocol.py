@@ -20,6 +20,7 @@ from env_serving import env_servers
 
 from agentrl.cli import main
 from agentrl.envs import make_env
+from agentrl.envs.remote.protocol import observation_payload
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDE_VENV = ROOT / ".venv-openenv"
@@ -29,6 +30,26 @@ TOO_BIG = 70_000  # over the servers' --max-body-bytes 65536
 CONCURRENT = 16
 
 pytestmark = pytest.mark.slow
+
+
+def _payloads() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(OpenEnv observation fields, the server's wire payload) for a reset and a graded step."""
+    cases = [
+        ([{"role": "user", "content": "2 + 2?"}], {"tools": []}, None, False, False),
+        ([{"role": "tool", "content": "4", "name": "python"}], {"answer": "4"}, 1.0, True, False),
+        ([], {"infra_error": "lost"}, 0.0, False, True),
+    ]
+    pairs = []
+    for messages, info, reward, terminated, truncated in cases:
+        payload = observation_payload(
+            messages, info, reward=reward, terminated=terminated, truncated=truncated
+        )
+        fields = {**payload["observation"], "reward": reward, "done": payload["done"]}
+        pairs.append((fields, payload))
+    return pairs
+
+
+PAYLOADS = _payloads()
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +93,7 @@ def answers(side_python: Path, servers: dict[str, str]) -> dict[str, Any]:
         "infra": ["episode", {"url": infra, "actions": ["fault"]}],
         "factory": ["episode", {"url": infra, "actions": ["ok"]}],
         "infra_health": ["validate", {"url": infra, "actions": ["ok"]}],
+        "serialize": ["serialize", {"observations": [fields for fields, _ in PAYLOADS]}],
     }
     done = subprocess.run(
         [side_python, SIDE],
@@ -83,6 +105,12 @@ def answers(side_python: Path, servers: dict[str, str]) -> dict[str, Any]:
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def test_observation_payload_is_openenvs_own_serialization(answers):
+    # The same observation, serialized by OpenEnv's serialize_observation and by the server's
+    # observation_payload: the same JSON, field for field (metadata included).
+    assert answers["serialize"] == [payload for _, payload in PAYLOADS]
 
 
 def test_openenv_validate_and_its_runtime_graders_pass(answers):

@@ -4,8 +4,10 @@ OpenEnv (``openenv/core/env_server/http_server.py`` and ``types.py``) moves thre
 ``Action`` (``extra="forbid"``, a ``metadata`` dict), an ``Observation`` (``done``, ``reward``,
 ``metadata`` plus the environment's fields) and a ``State`` (``episode_id``, ``step_count``,
 extra fields allowed). On the wire an observation travels as ``{"observation": <its fields less
-done, reward and metadata>, "reward": ..., "done": ...}`` (``serialize_observation``), over HTTP as
-the body and over the ``/ws`` session route as the ``data`` of ``{"type": "observation"}``.
+done and reward, metadata included>, "reward": ..., "done": ...}``, plus a top-level ``metadata``
+when it is not empty (``serialize_observation``), over HTTP as the body and over the ``/ws``
+session route as the ``data`` of ``{"type": "observation"}``. An agentrl environment's
+observation has empty ``metadata`` (its ``info`` travels as a field of its own).
 
 The mapping of an :class:`~agentrl.envs.AgentEnv` onto those models:
 
@@ -183,6 +185,7 @@ def observation_payload(
             "info": json_safe(info),
             "terminated": bool(terminated),
             "truncated": bool(truncated),
+            "metadata": {},
         },
         "reward": None if reward is None else json_safe(float(reward)),
         "done": bool(terminated or truncated),

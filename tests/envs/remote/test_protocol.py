@@ -21,6 +21,7 @@ def test_observation_payload_is_openenvs_serialized_observation():
             "info": {"reward_components": {"correct": 1.0}, "pair": [1, 2], "nan": None},
             "terminated": False,
             "truncated": True,
+            "metadata": {},
         },
         "reward": 0.5,
         "done": True,
