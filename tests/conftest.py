@@ -5,12 +5,12 @@ The SmolLM2 model and its tokenizer are loaded once per session (about 1 s from 
 ``AGENTRL_TEST_MODEL`` may name another model reference; it defaults to ``smollm2``.
 """
 
-import os
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from model_ref import MODEL
 
 from agentrl.models import load_model, load_tokenizer
 
@@ -18,8 +18,6 @@ from agentrl.models import load_model, load_tokenizer
 # for real to exercise entry-point discovery.
 PLUGIN_DIR = Path(__file__).parent / "plugins" / "agentrl-echo"
 sys.path.insert(0, str(PLUGIN_DIR))
-
-MODEL = os.environ.get("AGENTRL_TEST_MODEL", "smollm2")
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
-from conftest import MODEL
 from fsdp_worker import global_batch, nll_loss, one_process_group, tiny_llama
+from model_ref import MODEL
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl.cli import main

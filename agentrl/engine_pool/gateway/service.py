@@ -276,6 +276,9 @@ class Gateway:
     ) -> list[GenerateResult]:
         """``n`` generations from ``prompt``; one failing cancels the others."""
         seeds = [None if sampling.seed is None else (sampling.seed + i) % 2**63 for i in range(n)]
+        # The error is raised after the except* clauses: before Python 3.11.4 an exception raised
+        # inside one reaches the caller wrapped in an ExceptionGroup (gh-103590).
+        failure: GatewayError | None = None
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [
@@ -288,11 +291,13 @@ class Gateway:
                 ]
         except* EngineError as errors:
             message = str(errors.exceptions[0])
-            raise GatewayError(
+            failure = GatewayError(
                 503, f"the engine cannot serve: {message}", type="server_error", code="engine_error"
-            ) from None
+            )
         except* (ValueError, TypeError) as errors:
-            raise bad_request(f"the engine refused the request: {errors.exceptions[0]}") from None
+            failure = bad_request(f"the engine refused the request: {errors.exceptions[0]}")
+        if failure is not None:
+            raise failure
         return [task.result() for task in tasks]
 
     async def _generate_one(
