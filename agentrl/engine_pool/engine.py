@@ -31,11 +31,14 @@ Contract shared by every engine (the embedded `LocalEngine`, an SGLang client, a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import index
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+import numpy as np
 
 if TYPE_CHECKING:
     import torch
@@ -94,6 +97,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def continuation(self, piece: int, max_new_tokens: int) -> SamplingParams:
+        """The sampling of the ``piece``-th continuation (1, 2, ...) of a generation the engine
+        aborted: at most ``max_new_tokens`` more, and a seed of its own derived from ``seed`` (so
+        a continuation neither repeats the first piece's draws nor another request's)."""
+        seed = None
+        if self.seed is not None:
+            seed = int(np.random.SeedSequence([self.seed, piece]).generate_state(1)[0])
+        return dataclasses.replace(self, max_new_tokens=max_new_tokens, seed=seed)
 
 
 def _is_int(value: object) -> bool:

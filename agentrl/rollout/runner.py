@@ -130,11 +130,6 @@ def env_tags(info: dict[str, Any]) -> dict[str, str]:
     return dict(tags)
 
 
-def _derived_seed(seed: int, piece: int) -> int:
-    """The sampling seed of the ``piece``-th continuation of an aborted generation."""
-    return int(np.random.SeedSequence([seed, piece]).generate_state(1)[0])
-
-
 class EpisodeRunner:
     """Runs episodes of one environment against one engine (see the module docstring)."""
 
@@ -258,8 +253,7 @@ class EpisodeRunner:
             )
             if not again:
                 break
-            seed = None if sampling.seed is None else _derived_seed(sampling.seed, pieces)
-            sampling = dataclasses.replace(sampling, max_new_tokens=remaining, seed=seed)
+            sampling = sampling.continuation(pieces, remaining)
         finish = result.finish_reason
         if finish == "abort" and self.resume_aborted:
             finish = "length"  # the abort came as the token budget ran out

@@ -37,8 +37,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from agentrl.engine_pool.engine import Engine, EngineError, GenerateResult, SamplingParams
 from agentrl.engine_pool.gateway.messages import parse_reply, template_messages
 from agentrl.engine_pool.gateway.protocol import (
@@ -309,12 +307,7 @@ class Gateway:
         pieces = [result]
         budget = sampling.max_new_tokens - len(result.token_ids)
         while self.resume_aborted and result.finish_reason == "abort" and budget > 0:
-            seed = None
-            if sampling.seed is not None:  # a seed of its own, apart from other choices' seeds
-                seed = int(
-                    np.random.SeedSequence([sampling.seed, len(pieces)]).generate_state(1)[0]
-                )
-            sampling = dataclasses.replace(sampling, max_new_tokens=budget, seed=seed)
+            sampling = sampling.continuation(len(pieces), budget)
             sampled = [i for piece in pieces for i in piece.token_ids]
             result = await self.engine.generate(prompt + sampled, sampling, session_id=routing)
             pieces.append(result)
