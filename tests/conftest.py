@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from model_ref import MODEL
 
 from agentrl.models import load_model, load_tokenizer
@@ -18,6 +19,17 @@ from agentrl.models import load_model, load_tokenizer
 # for real to exercise entry-point discovery.
 PLUGIN_DIR = Path(__file__).parent / "plugins" / "agentrl-echo"
 sys.path.insert(0, str(PLUGIN_DIR))
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left_behind():
+    """A test (or its function-scoped fixtures) leaves the default process group as it found it:
+    a leftover group changes what every later test in the same worker process sees."""
+    had_group = dist.is_initialized()
+    yield
+    if dist.is_initialized() and not had_group:
+        dist.destroy_process_group()
+        pytest.fail("the test left a default process group behind (destroyed now)")
 
 
 @pytest.fixture(scope="session")

@@ -79,7 +79,7 @@ from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.rollout.stream import Group, RolloutStream
 from agentrl.training.actor import Actor
 from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_from
-from agentrl.training.distributed import init_distributed
+from agentrl.training.distributed import destroy, init_distributed
 from agentrl.training.metrics import MetricsLogger
 from agentrl.training.packing import pack_for_rank
 from agentrl.training.plots import DEFAULT_KEYS as DEFAULT_CURVES
@@ -128,6 +128,8 @@ class Trainer:
         self.metrics: MetricsLogger | None = None
         self.progress: TrainProgress | None = None
         self.last_checkpoint_step: int | None = None
+        self._owns_group = False
+        """Whether setup() made the default process group; close() then destroys it."""
         self.critic: Critic | None = None
         """The value model of ``algorithm.advantage=gae`` (every rank), else None."""
         self.last_batch: TrainingBatch | None = None
@@ -150,6 +152,7 @@ class Trainer:
 
     async def setup(self) -> None:
         cfg = self.config
+        self._owns_group = not dist.is_initialized()
         self.dist = init_distributed()
         self.is_main = self.dist.is_main
         _seed_everything(cfg.trainer.seed + self.dist.rank)
@@ -250,7 +253,8 @@ class Trainer:
             )
 
     async def close(self) -> None:
-        """Cancel rollouts, shut the engine down, close the metrics (idempotent)."""
+        """Cancel rollouts, shut the engine down, close the metrics, and destroy the process
+        group if setup() made it (idempotent)."""
         if self.stream is not None:
             await self.stream.aclose()
             self.stream = None
@@ -264,6 +268,9 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+        if self._owns_group:
+            destroy()
+            self._owns_group = False
 
     async def _check_env(self) -> None:
         """Fail before loading anything on a bad env id or kwargs (of every environment)."""

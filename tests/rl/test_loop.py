@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from float_tolerance import logprob_ceiling, logprob_error_with, tolerance
 from torchrun_jobs import run_torchrun
 from transformers import AutoModelForCausalLM
@@ -61,9 +62,11 @@ def tiny_config(policy_dir, out, *overrides, env="env.id=parity_env:test/Parity-
 
 
 async def train(config):
+    had_group = dist.is_initialized()
     async with Trainer(config, show_progress=False) as trainer:
         summary = await trainer.run()
-        return trainer, summary
+    assert dist.is_initialized() == had_group  # a group the trainer made is gone after it
+    return trainer, summary
 
 
 @functools.cache

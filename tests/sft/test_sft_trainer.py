@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from float_tolerance import tolerance
 from safetensors.torch import load_file
 from torchrun_jobs import run_torchrun
@@ -66,8 +67,11 @@ def sft_config(policy_dir, data, out, *overrides):
 
 
 def run(config):
+    had_group = dist.is_initialized()
     with SFTTrainer(config, show_progress=False) as trainer:
-        return trainer, trainer.run()
+        summary = trainer.run()
+    assert dist.is_initialized() == had_group  # a group the trainer made is gone after it
+    return trainer, summary
 
 
 @pytest.fixture(scope="module")
