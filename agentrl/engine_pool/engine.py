@@ -16,7 +16,9 @@ Contract shared by every engine (the embedded `LocalEngine`, an SGLang client, a
 * ``logprobs[i]`` is ``log_softmax(logits / T)[token_ids[i]]`` over the full vocabulary, where
   ``T = sampling.temperature`` (``T = 1`` when greedy, ``temperature == 0``); top-k / top-p
   truncation shapes what is sampled, not the reported log-prob. The trainer scores the same
-  quantity with :func:`agentrl.training.logprobs.token_logprobs`.
+  quantity with :func:`agentrl.training.logprobs.token_logprobs`. A request with penalties or
+  ``min_new_tokens`` (:mod:`agentrl.engine_pool.penalties`) samples from, and reports, the logits
+  those reshape, as SGLang does; the trainer does not, so RL rollouts leave them unset.
 * ``pause()`` returns once no token is being produced; running requests hold their state until
   ``resume()``. ``update_weights(named_tensors, version)`` loads tensors by parameter name (a
   subset is allowed, so weights may arrive in buckets) and sets ``weight_version``; tokens produced
@@ -73,6 +75,19 @@ class SamplingParams:
     """Do not stop on the tokenizer's end-of-sequence ids (``stop_token_ids`` still apply)."""
     seed: int | None = None
     """Seed of this request's own random generator: same seed and input give the same tokens."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it was generated before, in ``[-2, 2]``
+    (SGLang's penalty: the prompt does not count). The penalties change the distribution sampled
+    and the log-probs reported, which the trainer does not recompute: for serving (``agentrl
+    serve``), not for RL rollouts."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token generated before, in ``[-2, 2]``."""
+    repetition_penalty: float = 1.0
+    """Divides the positive logits (multiplies the negative ones) of every token generated before,
+    in ``(0, 2]``; 1 disables it. Applied after the two additive penalties, as SGLang does."""
+    min_new_tokens: int = 0
+    """The stop and end-of-sequence ids cannot be sampled before this many tokens were generated
+    (stop strings still end generation, as in SGLang); at most ``max_new_tokens``."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -93,23 +108,58 @@ class SamplingParams:
         object.__setattr__(self, "stop", strings)
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed must be None or an int in [0, 2**63), got {self.seed!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not (_is_number(value) and -2.0 <= value <= 2.0):
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
+        if not (_is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 2.0):
+            raise ValueError(
+                f"repetition_penalty must be in (0, 2] (1 = no penalty), got {self.repetition_penalty!r}"
+            )
+        if not _is_int(self.min_new_tokens) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be an int in [0, max_new_tokens ({self.max_new_tokens})], "
+                f"got {self.min_new_tokens!r}"
+            )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty or ``min_new_tokens`` reshapes the logits (see :mod:`.penalties`)."""
+        return (
+            self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or self.min_new_tokens > 0
+        )
+
     def continuation(self, piece: int, max_new_tokens: int) -> SamplingParams:
         """The sampling of the ``piece``-th continuation (1, 2, ...) of a generation the engine
         aborted: at most ``max_new_tokens`` more, and a seed of its own derived from ``seed`` (so
-        a continuation neither repeats the first piece's draws nor another request's)."""
+        a continuation neither repeats the first piece's draws nor another request's).
+        ``min_new_tokens`` shrinks by the tokens the aborted piece generated
+        (``self.max_new_tokens - max_new_tokens``)."""
         seed = None
         if self.seed is not None:
             seed = int(np.random.SeedSequence([self.seed, piece]).generate_state(1)[0])
-        return dataclasses.replace(self, max_new_tokens=max_new_tokens, seed=seed)
+        generated = self.max_new_tokens - max_new_tokens
+        return dataclasses.replace(
+            self,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            min_new_tokens=min(max(0, self.min_new_tokens - generated), max_new_tokens),
+        )
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ from agentrl.engine_pool.engine import (
     check_input_ids,
 )
 from agentrl.engine_pool.kv_batch import DecodeBatch
+from agentrl.engine_pool.penalties import penalized_logits
 from agentrl.engine_pool.prefix_cache import PrefixCache
 from agentrl.engine_pool.request_state import EngineStats, RequestState
 from agentrl.engine_pool.sampling import request_generator, sample_next_tokens
@@ -374,6 +375,7 @@ class LocalEngine:
 
     def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
         rows = self._running
+        logits = penalized_logits(logits, [(r.sampling, r.token_ids) for r in rows], self._eos)
         return sample_next_tokens(logits, [r.sampling for r in rows], [r.generator for r in rows])
 
     def _record(self, tokens: list[int], logprobs: list[float]) -> None:

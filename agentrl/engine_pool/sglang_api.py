@@ -11,7 +11,8 @@ Shapes are taken from SGLang's source (release 0.5.23; repository ``sgl-project/
 
     {"input_ids": [int], "rid": str, "return_logprob": true, "stream": false,
      "sampling_params": {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids",
-                         "stop", "no_stop_trim", "ignore_eos", "sampling_seed"}}
+                         "stop", "no_stop_trim", "ignore_eos", "sampling_seed",
+                         and the penalties and "min_new_tokens" when set}}
 
 Response: ``{"text"?, "output_ids": [int], "meta_info": {"id", "finish_reason",
 "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version", "weight_versions"?,
@@ -42,7 +43,12 @@ from typing import Any
 import torch
 
 from agentrl.engine_pool.engine import FinishReason, GenerateResult, SamplingParams
-from agentrl.engine_pool.sglang_sampling import ContractError, ProtocolError, check_sampling_keys
+from agentrl.engine_pool.sglang_sampling import (
+    PENALTY_KEYS,
+    ContractError,
+    ProtocolError,
+    check_sampling_keys,
+)
 
 __all__ = ["ContractError", "ProtocolError"]  # besides the functions below
 
@@ -70,6 +76,10 @@ def generate_request(
         params["no_stop_trim"] = True  # the text keeps the match, as the ids do
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
+    for key in PENALTY_KEYS:  # sent only when set, as a client of an older server would
+        value = getattr(sampling, key)
+        if value != SamplingParams.__dataclass_fields__[key].default:
+            params[key] = value
     return {
         "input_ids": list(input_ids),
         "sampling_params": params,
@@ -110,6 +120,7 @@ def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str | 
         "stop_token_ids",
         "stop",
         "ignore_eos",
+        *PENALTY_KEYS,
     }
     values = {key: raw[key] for key in known if raw.get(key) is not None}
     if values.get("top_k") == -1:

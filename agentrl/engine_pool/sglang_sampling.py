@@ -8,27 +8,30 @@ The key list is SGLang 0.5.23's own request contract (``sglang/api/v1/api_types.
   "unknown field `KEY`, expected one of ..."}`` (``error`` is a string there), raised as
   :class:`ContractError`.
 * **Honoured**: ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``, ``stop``,
-  ``stop_token_ids``, ``ignore_eos``, ``sampling_seed``, ``no_stop_trim``, ``skip_special_tokens``,
+  ``stop_token_ids``, ``ignore_eos``, ``sampling_seed``, the penalties (``frequency_penalty``,
+  ``presence_penalty``, ``repetition_penalty``) and ``min_new_tokens`` (SGLang's penalizers, in
+  :mod:`agentrl.engine_pool.penalties`), ``no_stop_trim``, ``skip_special_tokens``,
   ``spaces_between_special_tokens`` (the last three change only the response's ``text``), ``n`` = 1.
 * **Accepted by SGLang, not implemented here**: accepted when the value is SGLang's default (or
   what SGLang reads as unset: ``null``, an empty grammar string, an empty ``stop_regex``,
   ``logit_bias`` or ``custom_params``); any other value is refused with a
   :class:`ProtocolError` (400, ``{"error": {"message": ...}}``, the
-  shape SGLang uses for a bad sampling value) whose message names the key. The penalties, ``min_p``,
-  ``min_new_tokens``, constrained decoding (``json_schema``, ``regex``, ``ebnf``,
+  shape SGLang uses for a bad sampling value) whose message names the key. ``min_p``,
+  constrained decoding (``json_schema``, ``regex``, ``ebnf``,
   ``structural_tag``, ``choice``), ``stop_regex``, ``logit_bias``, beams, watermarks and
   ``stream_interval`` are of this kind: agentrl's sampler does not implement them, so the sampled
   distribution would differ from the one the log-probs describe.
 
 Values of honoured keys are checked with SGLang's own limits and messages
 (``SamplingParams.verify``): ``top_k`` must be -1 or >= 1 (0 is refused, as SGLang refuses it),
-``top_p`` in (0, 1], ``temperature`` finite and >= 0, ``max_new_tokens`` >= 0.
+``top_p`` in (0, 1], ``temperature`` finite and >= 0, ``max_new_tokens`` >= 0, the additive
+penalties in [-2, 2], ``repetition_penalty`` in (0, 2], ``min_new_tokens`` in [0, max_new_tokens].
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 
 class ProtocolError(ValueError):
@@ -82,16 +85,24 @@ HONOURED_KEYS = frozenset(
         "no_stop_trim",
         "skip_special_tokens",
         "spaces_between_special_tokens",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
     }
 )
+
+PENALTY_KEYS: tuple[str, ...] = (
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+)
+"""The keys of :mod:`agentrl.engine_pool.penalties`: same names in SGLang and ``SamplingParams``."""
 
 # what SGLang reads as "not set" for each key agentrl serve does not implement
 _UNSET: dict[str, tuple[Any, ...]] = {
     "min_p": (None, 0.0),
-    "frequency_penalty": (None, 0.0),
-    "presence_penalty": (None, 0.0),
-    "repetition_penalty": (None, 1.0),
-    "min_new_tokens": (None, 0),
     "n": (None, 1),
     "beam_width": (None,),
     "json_schema": (None, ""),
@@ -166,14 +177,34 @@ def _verify_values(raw: dict[str, Any]) -> None:
     greedy = isinstance(temperature, (int, float)) and 0 <= temperature < 1e-6
     if isinstance(top_k, int) and not greedy and top_k != -1 and top_k < 1:
         raise ProtocolError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+    for key in ("frequency_penalty", "presence_penalty"):
+        value = raw.get(key)
+        if _is_number(value) and not -2.0 <= value <= 2.0:
+            raise ProtocolError(f"{key} must be in [-2, 2], got {value}.")
+    repetition = raw.get("repetition_penalty")
+    if _is_number(repetition) and not 0.0 < repetition <= 2.0:
+        raise ProtocolError(
+            f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {repetition}."
+        )
     max_new = raw.get("max_new_tokens")
+    min_new = raw.get("min_new_tokens")
+    if isinstance(min_new, int) and min_new < 0:
+        raise ProtocolError(f"min_new_tokens must be in [0, max_new_tokens], got {min_new}.")
     if isinstance(max_new, int) and max_new < 0:
         raise ProtocolError(f"max_new_tokens must be at least 0, got {max_new}.")
+    if isinstance(max_new, int) and isinstance(min_new, int) and min_new > max_new:
+        raise ProtocolError(
+            f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."
+        )
     if max_new == 0:  # SGLang answers no tokens; agentrl's engine always generates one
         raise ProtocolError(
             "sampling_params `max_new_tokens` = 0 is not supported by agentrl serve (its engine "
             "generates at least one token)"
         )
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def text_options(raw: dict[str, Any]) -> dict[str, bool]:

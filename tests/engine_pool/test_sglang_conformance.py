@@ -296,6 +296,13 @@ async def drive_every_call(server: RecordingServer) -> list[str]:
         SamplingParams(temperature=1.0, top_k=0, max_new_tokens=3, stop_token_ids=(2, 7)),
         SamplingParams(max_new_tokens=3, ignore_eos=True, seed=0),
         SamplingParams(max_new_tokens=3, stop=("</search>", "\n\n")),
+        SamplingParams(
+            max_new_tokens=3,
+            frequency_penalty=0.5,
+            presence_penalty=-0.5,
+            repetition_penalty=1.2,
+            min_new_tokens=2,
+        ),
     ]
     async with SGLangEngine(server.url) as engine:
         for i, sampling in enumerate(samplings):

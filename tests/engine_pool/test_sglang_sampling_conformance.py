@@ -55,13 +55,19 @@ HONOURED: list[dict[str, Any]] = [
     {"ignore_eos": True},
     {"sampling_seed": 3},
     {"skip_special_tokens": False, "spaces_between_special_tokens": False},
-]
-UNSUPPORTED: list[dict[str, Any]] = [
     {"repetition_penalty": 1.1},
     {"frequency_penalty": 0.5},
     {"presence_penalty": -0.5},
-    {"min_p": 0.1},
     {"min_new_tokens": 2},
+    {
+        "frequency_penalty": -2,
+        "presence_penalty": 2.0,
+        "repetition_penalty": 2,
+        "min_new_tokens": 4,
+    },
+]
+UNSUPPORTED: list[dict[str, Any]] = [
+    {"min_p": 0.1},
     {"n": 2},
     {"json_schema": '{"type": "object"}'},
     {"regex": "a+"},
@@ -82,7 +88,11 @@ REFUSED: list[dict[str, Any]] = [
     {"top_k": 0},
     {"max_new_tokens": -1},
     {"repetition_penalty": 3.0},
+    {"repetition_penalty": 0},
     {"frequency_penalty": 5},
+    {"presence_penalty": -2.5},
+    {"min_new_tokens": 5},  # more than max_new_tokens (4)
+    {"min_new_tokens": -1},
 ]
 
 

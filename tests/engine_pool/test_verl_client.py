@@ -8,9 +8,10 @@ imports SGLang). The sampling params are the dict verl's agent loop builds
 greedy validation sets ``temperature=0, top_k=-1, top_p=1``) plus the ``max_new_tokens`` its SGLang
 server adds. Checked: the tokens equal agentrl's own SGLang client's on the same server, ``text`` is
 the decoded output as SGLang's detokenizer returns it (stop token and stop string trimmed unless
-``no_stop_trim``; ``skip_special_tokens`` honoured), a penalty agentrl does not implement is a 400
-naming the key, and the control calls verl makes (flush_cache, abort_request, v1/models,
-begin/end_weight_update) and the read-only routes (v1/loads, get_weight_version) answer.
+``no_stop_trim``; ``skip_special_tokens`` honoured), the penalties and ``min_new_tokens`` are
+honoured (verl's request gives the tokens agentrl's client gets with the same keys), and the
+control calls verl makes (flush_cache, abort_request, v1/models, begin/end_weight_update) and the
+read-only routes (v1/loads, get_weight_version) answer.
 """
 
 from __future__ import annotations
@@ -75,7 +76,14 @@ async def test_verl_sglang_client_drives_agentrl_serve(
         greedy = await ours.generate(
             chat_prompt, SamplingParams(temperature=0.0, max_new_tokens=200)
         )
-    assert greedy.finish_reason == "stop" and greedy.token_ids[-1] == tokenizer.eos_token_id
+        assert greedy.finish_reason == "stop" and greedy.token_ids[-1] == tokenizer.eos_token_id
+        # penalties, and end-of-sequence blocked past where the plain reply ended
+        length = len(greedy.token_ids)
+        penalties = {"repetition_penalty": 1.3, "frequency_penalty": 0.2}
+        lengths = {"max_new_tokens": length + 6, "min_new_tokens": length + 2}
+        penalized = await ours.generate(
+            chat_prompt, SamplingParams(temperature=0.0, **penalties, **lengths)
+        )
     words = tokenizer.decode(greedy.token_ids, skip_special_tokens=True).split()
     stop = f" {words[len(words) // 2]}"  # a word in the middle of the greedy reply
     calls = [
@@ -94,7 +102,7 @@ async def test_verl_sglang_client_drives_agentrl_serve(
             "op": "generate",
             "sampling_params": {**VERL_GREEDY, "max_new_tokens": 200, "stop": [stop]},
         },
-        {"op": "generate", "sampling_params": {**VERL_ROLLOUT, "repetition_penalty": 1.1}},
+        {"op": "generate", "sampling_params": {**VERL_GREEDY, **penalties, **lengths}},
         {"op": "get", "endpoint": "v1/loads"},
         {"op": "get", "endpoint": "get_weight_version"},
         {"op": "get", "endpoint": "model_info"},
@@ -129,9 +137,12 @@ async def test_verl_sglang_client_drives_agentrl_serve(
         body["text"]
     )
     assert body["output_ids"] == greedy.token_ids[: len(body["output_ids"])]
-    # a penalty agentrl's sampler does not implement: refused, naming the key
-    assert not penalty["ok"] and penalty["status"] == 400
-    assert "`repetition_penalty` = 1.1 is not supported" in penalty["logged"]
+    # penalties and min_new_tokens honoured: verl's body gives the tokens agentrl's own client
+    # (which sends the same keys) gets, and no end-of-sequence before min_new_tokens
+    body = penalty["response"]
+    assert penalty["ok"] and body["output_ids"] == penalized.token_ids
+    assert len(body["output_ids"]) >= length + 2
+    assert tokenizer.eos_token_id not in body["output_ids"][: length + 2]
     # the read-only routes
     (load,) = loads["response"]["loads"]
     assert (

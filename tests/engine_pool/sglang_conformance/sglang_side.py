@@ -55,6 +55,16 @@ against one server, so a ``/pause_generation`` holds the requests after it as on
     ``get_tokenizer``, as the scheduler loads it, until the request finishes. Per
     case: ``finished_len`` (the ids kept) and ``finish_reason`` (``FINISH_*.to_json()``), or
     ``null`` for both when it never finishes.
+``penalties`` (stdin: ``{"vocab_size": V, "cases": [{"logits": [V floats], "sampling_params":
+{...}, "output_ids": [...], "eos_token_ids": [...]}]}``)
+    The logits SGLang samples a request's next token from, after it generated ``output_ids``. A
+    real ``Req`` with SGLang's ``SamplingParams(**sampling_params)``; SGLang's
+    ``BatchedPenalizerOrchestrator`` with the four penalizers ``SamplingBatchInfo.from_schedule_batch``
+    registers, over a one-request batch holder (the orchestrator reads its ``reqs`` and
+    ``device``); each output id fed with ``cumulate_output_tokens`` as the scheduler does after
+    every decode step; then ``SamplingBatchInfo.copy_for_forward``'s ``update_penalties`` and the
+    sampler's ``apply_logits_bias`` (SGLang's methods, on a ``SamplingBatchInfo`` holding only the
+    fields they read) transform the float32 logits. Per case: the logits (``-Infinity`` where blocked).
 ``join-group --master-address A --master-port P --world-size W --rank R --group-name G``
     Joins a weight-update group as an SGLang server's TP rank does
     (``WeightUpdater.init_weights_update_group``): ``init_custom_process_group(backend=...,
@@ -637,6 +647,63 @@ def stop_strings(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return verdicts
 
 
+# -- penalties ----------------------------------------------------------------------------------
+
+
+class _Holder:
+    """Attributes only (weak-referenceable, as the orchestrator keeps a weakref to its batch)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def penalties(spec: dict[str, Any]) -> list[list[float]]:
+    import torch
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling import penaltylib
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    vocab = spec["vocab_size"]
+    answers = []
+    for case in spec["cases"]:
+        params = SamplingParams(**case["sampling_params"])
+        params.verify(vocab)
+        eos = set(case["eos_token_ids"])
+        req = Req("penalty-case", "", [0], params, eos_token_ids=eos, vocab_size=vocab)
+        req.tokenizer = _Holder(additional_stop_token_ids=None, eos_token_id=None)
+        batch = _Holder(reqs=[req], device="cpu")
+        orchestrator = penaltylib.BatchedPenalizerOrchestrator(
+            vocab_size=vocab,
+            batch=batch,
+            penalizers={
+                penaltylib.BatchedFrequencyPenalizer,
+                penaltylib.BatchedMinNewTokensPenalizer,
+                penaltylib.BatchedPresencePenalizer,
+                penaltylib.BatchedRepetitionPenalizer,
+            },
+        )
+        for token in case["output_ids"]:
+            orchestrator.cumulate_output_tokens(torch.tensor([token], dtype=torch.int64))
+        # a SamplingBatchInfo holding only the fields its penalty methods read
+        info = object.__new__(SamplingBatchInfo)
+        info.__dict__.update(
+            penalizer_orchestrator=orchestrator,
+            temperatures=torch.ones((1, 1)),
+            vocab_size=vocab,
+            acc_additive_penalties=None,
+            acc_scaling_penalties=None,
+            logit_bias=None,
+            grammar_mask=None,
+        )
+        info.update_penalties()
+        info.penalizer_orchestrator = None  # what copy_for_forward hands the model runner
+        logits = torch.tensor([case["logits"]], dtype=torch.float32)
+        info.apply_logits_bias(logits)
+        answers.append(logits[0].tolist())
+    return answers
+
+
 # -- join-group ---------------------------------------------------------------------------------
 
 
@@ -696,6 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("decode-payloads")
     commands.add_parser("fp8-layers")
     commands.add_parser("stop-strings")
+    commands.add_parser("penalties")
     join = commands.add_parser("join-group")
     join.add_argument("--master-address", required=True)
     join.add_argument("--master-port", type=int, required=True)
@@ -718,6 +786,8 @@ def main(argv: list[str] | None = None) -> int:
                 answer = fp8_layers(spec)
             elif args.command == "stop-strings":
                 answer = stop_strings(spec)
+            elif args.command == "penalties":
+                answer = penalties(spec)
             else:
                 answer = decode_payloads(spec)
             if "torchvision" in sys.modules:  # the placeholder must stay private to two modules
