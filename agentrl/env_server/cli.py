@@ -71,7 +71,7 @@ def parse_kwargs(items: list[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import agentrl
     from agentrl.env_server.server import EnvServer
-    from agentrl.envs import make_env
+    from agentrl.envs import AgentEnv, make_env
 
     where = "agentrl env serve"
     if args.max_sessions < 1 or args.max_body_bytes < 1 or args.session_timeout_s < 0:
@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"{where}: error: {args.env_id}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    doc = (type(probe.unwrapped).__doc__ or args.env_id).strip().splitlines()
+    base = probe.unwrapped
+    doc = (type(base).__doc__ or args.env_id).strip().splitlines()
     server = EnvServer(
         args.env_id,
         lambda: make_env(args.env_id, **kwargs),
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         session_timeout_s=args.session_timeout_s or None,
         max_body_bytes=args.max_body_bytes,
+        num_tasks=base.num_tasks if isinstance(base, AgentEnv) else None,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve_until_stopped(server, args.host, args.port))

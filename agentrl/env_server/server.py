@@ -20,6 +20,11 @@ action, an unknown session, a body over ``max_body_bytes``, a full server and an
 that raises each get an error in OpenEnv's shape (WebSocket: ``{"type": "error", "data":
 {"message", "code"}}``; HTTP: ``{"detail": ...}`` with a 4xx/5xx status), and the session (and
 the connection, except for a refused or expired one) stays usable.
+
+Two agentrl extensions ride on OpenEnv's own fields: a step action's ``metadata`` may carry
+``{"final_turn": true}`` (the client's turn limit ends the episode after this step: the
+environment's :attr:`~agentrl.envs.AgentEnv.final_turn`, which SWE-v0 grades on), and every
+state holds ``num_tasks`` (the environment's, so a client can enumerate tasks for an evaluation).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from agentrl.env_server.sessions import (
     SessionTable,
     UnknownSession,
 )
+from agentrl.envs import AgentWrapper
 from agentrl.envs.remote import protocol as p
 from agentrl.http_app import serve_app
 
@@ -61,8 +67,11 @@ class EnvServer:
         max_sessions: int = 64,
         session_timeout_s: float | None = 600.0,
         max_body_bytes: int = 4 << 20,
+        num_tasks: int | None = None,
     ) -> None:
         self.env_id = env_id
+        self.num_tasks = num_tasks
+        """The environment's :attr:`~agentrl.envs.AgentEnv.num_tasks`, reported in every state."""
         self.description = description
         self.version = version
         self.max_body_bytes = max_body_bytes
@@ -115,7 +124,12 @@ class EnvServer:
         action = p.AgentAction.model_validate(data)
         async with session.lock:
             session.touch()
-            messages, reward, terminated, truncated, info = await session.env.astep(action.text)
+            # the client's turn limit: the environment's final_turn, as in-process (a server-side
+            # max_turns still sets it too)
+            env = session.env
+            base = env.agent_env if isinstance(env, AgentWrapper) else env
+            base.final_turn = action.metadata.get(p.FINAL_TURN) is True
+            messages, reward, terminated, truncated, info = await env.astep(action.text)
             session.step_count += 1
             session.done = bool(terminated or truncated)
             session.touch()
@@ -128,10 +142,11 @@ class EnvServer:
         )
 
     def state(self, session: Session | None) -> dict[str, Any]:
+        tasks = {"num_tasks": self.num_tasks}
         if session is None:
-            return {**p.AgentState().model_dump(), "env_id": self.env_id}
+            return {**p.AgentState().model_dump(), "env_id": self.env_id, **tasks}
         session.touch()
-        return session.state(self.env_id)
+        return {**session.state(self.env_id), **tasks}
 
     async def mcp(self, body: Any, ws_session: Session | None = None) -> dict[str, Any]:
         return await answer_jsonrpc(body, self.sessions, self.env_id, ws_session)

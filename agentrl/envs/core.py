@@ -79,6 +79,11 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         an evaluation can enumerate them; None for an environment that cannot."""
         return None
 
+    async def anum_tasks(self) -> int | None:
+        """:attr:`num_tasks`, for an environment that must ask elsewhere (``Remote-v0`` asks its
+        server); what ``agentrl eval`` calls."""
+        return self.num_tasks
+
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> ResetResult:

@@ -90,7 +90,9 @@ class EpisodeGuard(AgentWrapper):
 
 class TurnLimit(AgentWrapper):
     """Truncates the episode after ``max_turns`` assistant turns (sets ``truncated``), and
-    tells the environment which step is the last (:attr:`AgentEnv.final_turn`)."""
+    tells the environment which step is the last (:attr:`AgentEnv.final_turn`): set when this
+    limit ends the episode after the step, kept when something outside it already set it (a
+    limit further out, or the client of an environment server)."""
 
     def __init__(self, env: AgentEnv | AgentWrapper, max_turns: int):
         if max_turns < 1:
@@ -107,7 +109,8 @@ class TurnLimit(AgentWrapper):
         return await self.env.areset(seed=seed, options=options)
 
     async def astep(self, action: str) -> StepResult:
-        self.agent_env.final_turn = self._turns + 1 >= self.max_turns
+        env = self.agent_env
+        env.final_turn = env.final_turn or self._turns + 1 >= self.max_turns
         obs, reward, terminated, truncated, info = await self.env.astep(action)
         self._turns += 1
         if self._turns >= self.max_turns and not terminated:

@@ -53,7 +53,7 @@ async def task_count(spec: EnvSpec) -> int:
     env = make_env(spec.id, **spec.kwargs)
     try:
         base = env.unwrapped
-        count = base.num_tasks if isinstance(base, AgentEnv) else None
+        count = await base.anum_tasks() if isinstance(base, AgentEnv) else None
     finally:
         await env.aclose()
     if count is None:

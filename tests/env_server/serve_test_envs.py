@@ -7,6 +7,8 @@ does, without importing every other subcommand (``agentrl.rl.cli`` alone takes s
   (``info["infra_error"]``) with reward 0, as Code-v0 does when no grading sandbox starts; with
   ``fail_after=N`` the constructor raises after N instances (the server's probe is the first);
   with ``closed_log=PATH`` each ``aclose`` appends a line to PATH.
+- ``tests/Turns-v0``: never ends an episode itself; each step's info says whether the step was
+  the final turn (:attr:`AgentEnv.final_turn`); it has ``num_tasks=5`` tasks.
 """
 
 from __future__ import annotations
@@ -48,7 +50,29 @@ class InfraFaultEnv(AgentEnv):
         return [], float("ok" in action), True, False, {}
 
 
+class TurnsEnv(AgentEnv):
+    """Talk on; each step reports whether it was the final turn."""
+
+    @property
+    def num_tasks(self) -> int:
+        return 5
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        await super().areset(seed=seed, options=options)
+        return [{"role": "user", "content": "Talk."}], {"tools": []}
+
+    async def astep(self, action: str):
+        return (
+            [{"role": "user", "content": "Go on."}],
+            0.0,
+            False,
+            False,
+            {"final_turn": self.final_turn},
+        )
+
+
 register_env("tests/Echo-v0", "agentrl_echo:EchoEnv")
+register_env("tests/Turns-v0", TurnsEnv)
 register_env("tests/InfraFault-v0", InfraFaultEnv)
 
 if __name__ == "__main__":

@@ -19,10 +19,14 @@ session expired, no reply within ``step_timeout_s``) ends the episode with
 ``info["infra_error"]`` naming the server and the cause, reward 0 and ``terminated=True``: the
 rollout runner and trainer treat it as an infrastructure failure, never as the agent's score.
 The remote environment's own exceptions (a step after the episode ended, ...) are raised here as
-:class:`RemoteEnvError`, as the environment would raise them in-process. Not guaranteed:
-``final_turn`` does not cross the wire, so a turn limit belongs on the server
-(``agentrl env serve ... max_turns=N``) for an environment that judges at the end (SWE-v0);
-:attr:`num_tasks` is None (``agentrl eval`` cannot enumerate a remote environment's tasks).
+:class:`RemoteEnvError`, as the environment would raise them in-process.
+
+A turn limit on this side (``gymnasium.make("agentrl/Remote-v0", url=..., max_turns=N)``) reaches
+the remote environment: the last step's action carries ``metadata: {"final_turn": true}``, and
+``agentrl env serve`` sets the environment's :attr:`~agentrl.envs.AgentEnv.final_turn` from it
+(SWE-v0 grades that turn as if submitted). :meth:`anum_tasks` asks the server (``GET /state``'s
+``num_tasks``), so ``agentrl eval`` enumerates a remote environment's tasks; the synchronous
+:attr:`num_tasks` stays None (it cannot ask over the network).
 """
 
 from __future__ import annotations
@@ -138,10 +142,32 @@ class RemoteEnv(AgentEnv):
     async def aclose(self) -> None:
         await self._drop()
 
+    async def anum_tasks(self) -> int | None:
+        """The server's ``num_tasks`` (``GET /state``; the first server that answers), None when
+        it reports none (a server other than ``agentrl env serve``, or an environment that cannot
+        enumerate its tasks); :class:`ServerGone` when no server answers."""
+        timeout = aiohttp.ClientTimeout(total=self.config.step_timeout_s)
+        failures = []
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            for url in self.urls:
+                try:
+                    async with http.get(f"{url}/state") as response:
+                        response.raise_for_status()
+                        state = await response.json()
+                except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+                    failures.append(f"{url}: {type(exc).__name__}: {exc}")
+                    continue
+                count = state.get("num_tasks") if isinstance(state, dict) else None
+                return count if isinstance(count, int) and not isinstance(count, bool) else None
+        raise ServerGone("no environment server answered GET /state: " + "; ".join(failures))
+
     # The mapping between AgentEnv's verbs and the wire's action and observation; a subclass
     # for a server whose Action and Observation are not agentrl's overrides these three.
     def action_data(self, action: str) -> dict[str, Any]:
-        """The step message's ``data`` (the Action's fields) for the assistant's text."""
+        """The step message's ``data`` (the Action's fields) for the assistant's text; its
+        ``metadata`` says when this is the final turn (see the module docstring)."""
+        if self.final_turn:
+            return {"text": action, "metadata": {p.FINAL_TURN: True}}
         return {"text": action}
 
     def reset_result(self, payload: dict[str, Any]) -> ResetResult:

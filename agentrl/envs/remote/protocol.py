@@ -24,6 +24,8 @@ agentrl                  OpenEnv
 ``terminated or trunc``  ``done``
 ``seed``, ``options``    reset ``data``: ``seed``, ``episode_id``, ``options`` and any
                          other key, which joins ``options`` (``{"index": 3}``)
+``final_turn``           the action's ``metadata``: ``{"final_turn": true}`` (else ``{}``)
+``num_tasks``            the state's ``num_tasks`` (extra fields are allowed in a State)
 =======================  ============================================================
 
 ``info["infra_error"]`` arrives as it left the environment (``observation.info.infra_error``),
@@ -49,6 +51,10 @@ EXECUTION_ERROR = "EXECUTION_ERROR"
 CAPACITY_REACHED = "CAPACITY_REACHED"
 FACTORY_ERROR = "FACTORY_ERROR"
 SESSION_ERROR = "SESSION_ERROR"
+
+FINAL_TURN = "final_turn"
+"""The step action's ``metadata`` key by which a client says its turn limit ends the episode
+after this step (:attr:`agentrl.envs.AgentEnv.final_turn`); absent or false otherwise."""
 
 
 class AgentAction(BaseModel):

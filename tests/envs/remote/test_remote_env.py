@@ -16,7 +16,9 @@ from agentrl.engine_pool import SamplingParams
 from agentrl.envs import INFRA_ERROR, make_env
 from agentrl.envs.remote import RemoteEnv, RemoteEnvError
 from agentrl.envs.remote.env import ServerGone
+from agentrl.evaluation.run import task_count
 from agentrl.rollout import EpisodeRunner, group_tasks
+from agentrl.rollout.mixture import EnvSpec
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +29,8 @@ def servers():
         wide=["agentrl/Math-v0", "--max-sessions", "2"],
         narrow=["agentrl/Math-v0", "--max-sessions", "1", "--session-timeout-s", "1"],
         infra=["tests/InfraFault-v0"],
+        turns=["tests/Turns-v0"],
+        limited=["tests/Turns-v0", "max_turns=3"],
     ) as started:
         yield started
 
@@ -51,6 +55,39 @@ def test_remote_math_passes_check_env_and_matches_the_local_env(servers):
         remote.close()
         local.close()
     assert RemoteEnv.sessions_by_url[url(servers, "wide")] == 0
+
+
+async def test_a_turn_limit_on_either_side_reaches_the_remote_environment(servers):
+    async def final_turns(address: str, **limit: int) -> list[tuple[bool, bool]]:
+        env = make_env("agentrl/Remote-v0", url=address, **limit)
+        try:
+            await env.areset(seed=0)
+            seen, truncated = [], False
+            while not truncated and len(seen) < 6:
+                _, _, _, truncated, info = await env.astep("more")
+                seen.append((info["final_turn"], truncated))
+            return seen
+        finally:
+            await env.aclose()
+
+    # the client's limit: its last step's action says so, the remote env's final_turn is set
+    assert await final_turns(url(servers, "turns"), max_turns=2) == [(False, False), (True, True)]
+    # the server's own limit, and the nearer of the two when both are set
+    limited = url(servers, "limited")
+    assert await final_turns(limited) == [(False, False), (False, False), (True, True)]
+    assert await final_turns(limited, max_turns=2) == [(False, False), (True, True)]
+
+
+async def test_the_task_count_comes_from_the_server(servers):
+    assert await RemoteEnv(url=url(servers, "turns")).anum_tasks() == 5
+    local = make_env("agentrl/Math-v0").unwrapped
+    remote = RemoteEnv(url=["http://127.0.0.1:9", url(servers, "wide")])  # the first is down
+    assert await remote.anum_tasks() == local.num_tasks
+    assert remote.num_tasks is None  # the synchronous property cannot ask
+    spec = EnvSpec(id="agentrl/Remote-v0", kwargs={"url": url(servers, "turns")})
+    assert await task_count(spec) == 5  # what agentrl eval enumerates
+    with pytest.raises(ServerGone, match="no environment server answered GET /state"):
+        await RemoteEnv(url="http://127.0.0.1:9").anum_tasks()
 
 
 async def test_the_remote_envs_own_errors_are_raised():
