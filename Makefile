@@ -55,6 +55,7 @@ test: $(STAMP) lint
 	scripts/setup-skyrl-env
 	scripts/setup-openenv-env
 	scripts/setup-langchain-env
+	scripts/setup-rllm-env
 	PYTHON=$(PYTHON) bench/setup_trl_env.sh
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=25
 	$(BIN)/python -m pytest -q -m serial

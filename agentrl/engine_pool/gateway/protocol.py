@@ -10,8 +10,11 @@ object with its HTTP status) naming the bad field. Every field is one of:
   completions: ``0``, the sampled tokens' log-probs), ``stream``, ``stream_options``
   (``include_usage``);
 * accepted because they do not change what is generated: ``user``, ``metadata``,
-  ``return_token_ids`` (token ids are always returned), and the refused fields below at their
-  default values (``frequency_penalty: 0``, ``top_logprobs: 0``, ``parallel_tool_calls: true``,
+  ``return_token_ids`` (token ids are always returned), an ``extra_body`` object holding only
+  those (rllm-model-gateway's proxy sends ``"extra_body": {"return_token_ids": true}`` in the
+  body, where the openai SDK's ``extra_body`` would have merged it), and the refused fields
+  below at their default values (``frequency_penalty: 0``, ``top_logprobs: 0``,
+  ``parallel_tool_calls: true``,
   ``response_format: {"type": "text"}``, ``logit_bias: {}``, ``echo: false``, ``best_of: 1``...);
 * refused with 400 (the engine cannot honour them): any other value of those fields,
   ``tool_choice`` ``"required"`` or a named function (that needs constrained decoding),
@@ -310,6 +313,13 @@ def _sampling(body: dict[str, Any], logprobs: bool) -> Sampling:
 def _check_fields(body: dict[str, Any], supported: set[str]) -> None:
     for key, value in body.items():
         if key in supported or key in _IGNORED or value is None:
+            continue
+        if key == "extra_body":  # a proxy's vendor extensions put in the body itself
+            if not isinstance(value, dict):
+                raise bad_request("extra_body must be an object", key)
+            for extra in value:
+                if extra not in _IGNORED:
+                    raise bad_request(f"unsupported field 'extra_body.{extra}'", key)
             continue
         if key in _DEFAULT_ONLY:
             if value not in _DEFAULT_ONLY[key]:

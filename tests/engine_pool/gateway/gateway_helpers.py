@@ -68,9 +68,10 @@ def post_json(url: str, body: Any) -> Any:
 
 
 @contextlib.contextmanager
-def agentrl_process(args: list[str], log: Path) -> Iterator[str]:
-    """``python -m agentrl.cli ARGS --port P`` until exit; yields its URL once /v1/models answers."""
-    port = free_port()
+def agentrl_process(args: list[str], log: Path, port: int | None = None) -> Iterator[str]:
+    """``python -m agentrl.cli ARGS --port P`` until exit (``port``, else a free one); yields its
+    URL once /v1/models answers."""
+    port = port or free_port()
     with open(log, "wb") as output:
         process = subprocess.Popen(
             [sys.executable, "-m", "agentrl.cli", *args, "--port", str(port)],

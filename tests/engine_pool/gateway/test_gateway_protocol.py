@@ -49,6 +49,7 @@ def test_chat_request_normalises_messages_and_sampling():
         top_k=-1,
         frequency_penalty=0,
         user="someone",
+        extra_body={"return_token_ids": True},  # as rllm-model-gateway's proxy sends it
     )
     assert request.messages == [
         {"role": "system", "content": "be brief"},
@@ -84,6 +85,10 @@ def test_chat_request_refusals_name_the_field():
     refused("temperature", temperature=-1)
     refused("seed", seed=-3)
     assert "unsupported field 'guided_json'" in refused("guided_json", guided_json={}).message
+    assert (
+        "'extra_body.guided_json'" in refused("extra_body", extra_body={"guided_json": {}}).message
+    )
+    refused("extra_body", extra_body=["return_token_ids"])
 
 
 def test_completion_request_takes_text_or_token_ids():
