@@ -5,6 +5,7 @@
 ``POST /v1/chat/completions``                      chat completion (``stream`` for server-sent events)
 ``POST /v1/completions``                           text completion of one prompt (text or token ids)
 ``POST /sessions/{id}/v1/chat/completions``        the same, recorded in session ``id``
+``POST /sessions/{id}/v1/completions``             a text completion, recorded in session ``id``
 ``GET /sessions/{id}/v1/models``                   the model (so a client's base URL can be the prefix)
 ``GET /sessions``                                  open sessions: calls, segments, splits, verdicts
 ``GET /sessions/{id}``                             one session's counts, without closing it
@@ -13,8 +14,8 @@
                                                    keeps it open)
 ================================================  ===================================================
 
-A session can also be named by the ``X-Session-Id`` header on ``/v1/chat/completions`` (a prefix
-and a different header is a 400). Text completions are not recorded: in a session they are refused.
+A session can also be named by the ``X-Session-Id`` header on ``/v1/chat/completions`` and
+``/v1/completions`` (a prefix and a different header is a 400).
 
 Every failure answers an OpenAI error object ``{"error": {"message", "type", "param", "code"}}``:
 400 malformed request, 404 unknown model or session, 413 body over ``max_body_bytes``, 429 too many
@@ -91,12 +92,8 @@ class GatewayRoutes:
         )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        if _session_id(request) is not None:
-            raise bad_request(
-                "sessions record chat completions only; send text completions without a session"
-            )
         parsed = parse_completion_request(await self._body(request))
-        done: Completed = await self.gateway.complete(parsed)
+        done: Completed = await self.gateway.complete(parsed, _session_id(request))
         decode, sampling = self.gateway.decode, parsed.sampling
         if sampling.stream:
             chunks = completion_chunks(

@@ -52,6 +52,7 @@ from agentrl.engine_pool.gateway.sessions import (
     Session,
     SessionStore,
     Start,
+    TextStart,
     fork,
 )
 from agentrl.tokenization import (
@@ -218,19 +219,52 @@ class Gateway:
 
     # -- text completions ------------------------------------------------------------------
 
-    async def complete(self, request: CompletionRequest) -> Completed:
-        """Run one text completion (a string prompt is encoded as the tokenizer does by default)."""
+    async def complete(
+        self, request: CompletionRequest, session_id: str | None = None
+    ) -> Completed:
+        """Run one text completion (a string prompt is encoded as the tokenizer does by default);
+        in a session, record it (see :mod:`~agentrl.engine_pool.gateway.sessions`)."""
         self.check_model(request.model)
-        if isinstance(request.prompt, str):
-            prompt = list(self.tokenizer.encode(request.prompt))
+        session = self.sessions.find(session_id) if session_id is not None else None
+        if session is not None:
+            start = session.text_start(request.prompt, self.tokenizer.encode)
         else:
-            prompt = list(request.prompt)
-        sampling = self._sampling(request.sampling, len(prompt), ())
-        results = await self._generate(prompt, sampling, request.sampling.n, None)
+            start = TextStart(
+                list(self.tokenizer.encode(request.prompt))
+                if isinstance(request.prompt, str)
+                else list(request.prompt),
+                [],
+            )
+        prompt = start.prompt_ids
+        asked = request.sampling
+        if self.sampling_policy is not None:
+            asked = self.sampling_policy(asked, len(prompt))
+        sampling = self._sampling(asked, len(prompt), ())
+        results = await self._generate(prompt, sampling, asked.n, session_id)
         choices = []
         for i, result in enumerate(results):
             text = self._text(result)
             choices.append(Choice(i, result, text, parse_reply(text, None), result.finish_reason))
+        if session_id is not None:
+            session = self.sessions.open(session_id)
+            outcomes = [
+                (
+                    self.decode(c.result.token_ids),
+                    CallRecord(
+                        session.calls,
+                        c.index,
+                        start.segment is not None,
+                        "text",
+                        len(prompt),
+                        len(c.result.token_ids),
+                        c.finish_reason,
+                        0,
+                    ),
+                    c.result,
+                )
+                for c in choices
+            ]
+            session.commit_text(start, request.prompt, outcomes)
         return Completed(self._header("cmpl"), prompt, choices)
 
     # -- shared ----------------------------------------------------------------------------

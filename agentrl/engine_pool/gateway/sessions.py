@@ -15,6 +15,13 @@ its messages, counted in ``splits``; each segment is token-exact on its own. A c
 continues its segment with its first choice and starts one sibling segment per other choice (not
 splits). A call that fails (engine error, refused template) changes nothing.
 
+A text completion (``/v1/completions``) in a session is recorded the same way, by its prompt: it
+*extends* a text segment when its prompt starts with that segment's text (the previous prompt
+and the completion text the engine's ids decode to, special tokens included) or, for a prompt of
+token ids, with that segment's ids; the prompt is then the segment's ids plus the encoded rest
+(mask 0), else a new segment from the whole prompt. Chat and text segments never extend each
+other. Its verdict is ``text`` (no template is involved).
+
 Each call records the checker's verdict (:func:`~agentrl.tokenization.check_template`) for its
 use of the template: ``tools``, ``plain``, or ``no_reply`` (an extension with no new message).
 
@@ -34,6 +41,7 @@ from typing import Any
 
 from agentrl.engine_pool.gateway.protocol import GatewayError, Message
 from agentrl.tokenization import TokenTrajectory, TrajectoryBuilder
+from agentrl.tokenization.token_trajectory import Segment, SegmentKind
 
 
 @dataclass(frozen=True)
@@ -63,14 +71,18 @@ class SegmentRecord:
     index: int
     trajectory: TokenTrajectory
     messages: list[dict[str, Any]]
-    """The conversation as the template saw it (assistant turns as sampled text)."""
+    """The conversation as the template saw it (assistant turns as sampled text); empty for a
+    text-completion segment."""
     calls: list[CallRecord]
+    text: str | None = None
+    """A text-completion segment's text (prompt and decoded completions); None otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "trajectory": self.trajectory.to_dict(),
             "messages": self.messages,
+            "text": self.text,
             "calls": [call.to_dict() for call in self.calls],
         }
 
@@ -102,6 +114,73 @@ class _Segment:
     keys: list[str]  # message_key of each OpenAI message the ids stand for, ending with a reply
     calls: list[CallRecord] = field(default_factory=list)
     version: int = 0  # bumped by every call that extends it
+
+
+@dataclass(eq=False)
+class _TextSegment:
+    """A text-completion segment: its ids as the engine saw them, and the text they stand for."""
+
+    text: str | None  # the prompt string plus the completions' decoded text; None: id prompts
+    ids: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    pieces: list[Segment]
+    prompt_length: int
+    calls: list[CallRecord] = field(default_factory=list)
+    version: int = 0
+
+    @classmethod
+    def of_prompt(cls, text: str | None, ids: list[int]) -> _TextSegment:
+        n = len(ids)
+        pieces = [Segment(SegmentKind.PROMPT, 0, n)]
+        return cls(text, list(ids), [0] * n, [0.0] * n, [-1] * n, pieces, n)
+
+    def extended(self, text: str | None, delta: list[int]) -> _TextSegment:
+        """A copy with ``delta`` (mask 0) appended; ``text`` is the new prompt's."""
+        copied = _TextSegment(
+            text,
+            self.ids + delta,
+            self.mask + [0] * len(delta),
+            self.logprobs + [0.0] * len(delta),
+            self.versions + [-1] * len(delta),
+            list(self.pieces),
+            self.prompt_length,
+            self.calls,
+            self.version,
+        )
+        if delta:
+            copied.pieces.append(Segment(SegmentKind.DELTA, len(self.ids), len(copied.ids)))
+        return copied
+
+    def add_completion(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+        start = len(self.ids)
+        self.ids += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.versions += versions
+        self.pieces.append(Segment(SegmentKind.COMPLETION, start, len(self.ids)))
+
+    @property
+    def trajectory(self) -> TokenTrajectory:
+        return TokenTrajectory(
+            list(self.ids),
+            list(self.mask),
+            list(self.logprobs),
+            list(self.versions),
+            self.prompt_length,
+            list(self.pieces),
+        )
+
+
+@dataclass(frozen=True)
+class TextStart:
+    """Where a text call starts: its prompt ids; ``segment`` is the text segment it extends."""
+
+    prompt_ids: list[int]
+    delta: list[int]
+    segment: _TextSegment | None = None
+    version: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,7 +222,7 @@ class Session:
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
-        self.segments: list[_Segment] = []
+        self.segments: list[_Segment | _TextSegment] = []
         self.calls = 0
         self.splits = 0
         self.verdicts: Counter[str] = Counter()
@@ -157,6 +236,8 @@ class Session:
         tools_json = tools_key(tools)
         best: _Segment | None = None
         for segment in self.segments:
+            if not isinstance(segment, _Segment):
+                continue
             n = len(segment.keys)
             if segment.tools != tools_json or n > len(messages):
                 continue
@@ -200,15 +281,75 @@ class Session:
                 self.splits += 1
             self.segments.append(_Segment(builder, tools_key(tools), keys, [record]))
 
-    def _current(self, segment: _Segment, start: Start) -> bool:
+    def _current(self, segment: _Segment | _TextSegment, start: Start | TextStart) -> bool:
         """Whether ``segment`` is still this session's and unchanged since ``start``."""
         return segment.version == start.version and any(s is segment for s in self.segments)
+
+    def text_start(self, prompt: str | list[int], encode: Any) -> TextStart:
+        """Where a text completion of ``prompt`` starts: the longest text segment it extends
+        (its ids plus ``encode`` of the rest of the text), or the whole prompt encoded."""
+        best: _TextSegment | None = None
+        for segment in self.segments:
+            if not isinstance(segment, _TextSegment):
+                continue
+            if best is not None and len(segment.ids) <= len(best.ids):
+                continue
+            if isinstance(prompt, str):
+                if segment.text is not None and prompt.startswith(segment.text):
+                    best = segment
+            elif prompt[: len(segment.ids)] == segment.ids:
+                best = segment
+        if best is None:
+            ids = list(encode(prompt)) if isinstance(prompt, str) else list(prompt)
+            return TextStart(ids, [])
+        if isinstance(prompt, str):
+            assert best.text is not None
+            rest = prompt[len(best.text) :]
+            delta = list(encode(rest, add_special_tokens=False)) if rest else []
+        else:
+            delta = list(prompt[len(best.ids) :])
+        return TextStart(best.ids + delta, delta, best, best.version)
+
+    def commit_text(
+        self,
+        start: TextStart,
+        prompt: str | list[int],
+        outcomes: list[tuple[str, CallRecord, Any]],
+    ) -> None:
+        """Record a text call that succeeded: per choice, the decoded text of its ids (special
+        tokens included), its record and its :class:`~agentrl.engine_pool.GenerateResult`."""
+        self.calls += 1
+        self.verdicts["text"] += 1
+        for decoded, record, result in outcomes:
+            text = prompt + decoded if isinstance(prompt, str) else None
+            if start.segment is None:
+                segment = _TextSegment.of_prompt(text, start.prompt_ids)
+            else:
+                segment = start.segment.extended(text, start.delta)
+            versions = result.token_weight_versions or [result.weight_version] * len(
+                result.token_ids
+            )
+            segment.add_completion(list(result.token_ids), list(result.logprobs), list(versions))
+            current = start.segment
+            if record.choice == 0 and current is not None and self._current(current, start):
+                current.text, current.ids, current.mask = segment.text, segment.ids, segment.mask
+                current.logprobs, current.versions = segment.logprobs, segment.versions
+                current.pieces = segment.pieces
+                current.calls.append(record)
+                current.version += 1
+                continue
+            if record.choice == 0 and self.segments:
+                self.splits += 1
+            segment.calls, segment.version = [record], 0
+            self.segments.append(segment)
 
     def record(self) -> SessionRecord:
         return SessionRecord(
             self.session_id,
             [
                 SegmentRecord(i, s.builder.trajectory, s.builder.messages, list(s.calls))
+                if isinstance(s, _Segment)
+                else SegmentRecord(i, s.trajectory, [], list(s.calls), text=s.text)
                 for i, s in enumerate(self.segments)
             ],
             self.calls,
@@ -224,7 +365,10 @@ class Session:
             "segments": len(self.segments),
             "splits": self.splits,
             "verdicts": dict(self.verdicts),
-            "tokens": [len(s.builder.prompt_ids()) for s in self.segments],
+            "tokens": [
+                len(s.builder.prompt_ids()) if isinstance(s, _Segment) else len(s.ids)
+                for s in self.segments
+            ],
         }
 
 

@@ -166,3 +166,34 @@ async def test_a_tokenizer_without_chat_template_serves_text_completions_only(en
         with pytest.raises(openai.BadRequestError) as caught:
             await sdk.chat.completions.create(model="base", messages=SAY, max_tokens=1)
     assert "chat template" in caught.value.body["message"]
+
+
+async def test_text_completions_in_a_session_become_token_exact_segments(engine, tokenizer):
+    gateway = Gateway(engine, tokenizer, model_name="smollm2", context_length=8192)
+    greedy = {"model": "smollm2", "max_tokens": 6, "temperature": 0}
+    async with serving(gateway) as url:
+        sdk = openai.AsyncOpenAI(base_url=f"{url}/sessions/txt/v1", api_key="x", max_retries=0)
+        prompt = "Question: what is 2 plus 2?\nAnswer:"
+        first = (await sdk.completions.create(prompt=prompt, **greedy)).model_dump()
+        sampled = first["choices"][0]["token_ids"]
+        # the agent goes on from what it got: the same segment, the sampled ids never re-encoded
+        go_on = prompt + gateway.decode(sampled) + "\nQuestion: and 3 plus 3?\nAnswer:"
+        second = (await sdk.completions.create(prompt=go_on, **greedy)).model_dump()
+        # by ids, the same rule: a prefix of the segment's ids extends it
+        by_ids = second["prompt_token_ids"] + second["choices"][0]["token_ids"]
+        third = (await sdk.completions.create(prompt=[*by_ids, 198], **greedy)).model_dump()
+        # a prompt that rewrote the history: a new segment (a split)
+        other = (await sdk.completions.create(prompt="Answer: 4", **greedy)).model_dump()
+        status, record = await get(f"{url}/sessions/txt/trajectories")
+    assert status == 200 and record["splits"] == 1 and record["verdicts"] == {"text": 4}
+    kept, rewritten = (segment["trajectory"] for segment in record["segments"])
+    p1, p2, p3 = (call["prompt_token_ids"] for call in (first, second, third))
+    s1, s2, s3 = (call["choices"][0]["token_ids"] for call in (first, second, third))
+    assert p2[: len(p1) + len(s1)] == p1 + s1 and p3 == [*p2, *s2, 198]
+    assert kept["input_ids"] == p3 + s3
+    sampled_at = {*range(len(p1), len(p1) + len(s1)), *range(len(p2), len(p2) + len(s2))}
+    sampled_at |= set(range(len(p3), len(p3) + len(s3)))
+    assert [i for i, m in enumerate(kept["loss_mask"]) if m] == sorted(sampled_at)
+    assert [c["extended"] for c in record["segments"][0]["calls"]] == [False, True, True]
+    assert rewritten["input_ids"] == other["prompt_token_ids"] + other["choices"][0]["token_ids"]
+    assert record["segments"][1]["text"].startswith("Answer: 4")
