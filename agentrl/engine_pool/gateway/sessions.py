@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.engine_pool.gateway.protocol import GatewayError, Message
+from agentrl.engine_pool.gateway.text_segments import TextSegment, TextStart
 from agentrl.tokenization import TokenTrajectory, TrajectoryBuilder
-from agentrl.tokenization.token_trajectory import Segment, SegmentKind
 
 
 @dataclass(frozen=True)
@@ -116,73 +116,6 @@ class _Segment:
     version: int = 0  # bumped by every call that extends it
 
 
-@dataclass(eq=False)
-class _TextSegment:
-    """A text-completion segment: its ids as the engine saw them, and the text they stand for."""
-
-    text: str | None  # the prompt string plus the completions' decoded text; None: id prompts
-    ids: list[int]
-    mask: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    pieces: list[Segment]
-    prompt_length: int
-    calls: list[CallRecord] = field(default_factory=list)
-    version: int = 0
-
-    @classmethod
-    def of_prompt(cls, text: str | None, ids: list[int]) -> _TextSegment:
-        n = len(ids)
-        pieces = [Segment(SegmentKind.PROMPT, 0, n)]
-        return cls(text, list(ids), [0] * n, [0.0] * n, [-1] * n, pieces, n)
-
-    def extended(self, text: str | None, delta: list[int]) -> _TextSegment:
-        """A copy with ``delta`` (mask 0) appended; ``text`` is the new prompt's."""
-        copied = _TextSegment(
-            text,
-            self.ids + delta,
-            self.mask + [0] * len(delta),
-            self.logprobs + [0.0] * len(delta),
-            self.versions + [-1] * len(delta),
-            list(self.pieces),
-            self.prompt_length,
-            self.calls,
-            self.version,
-        )
-        if delta:
-            copied.pieces.append(Segment(SegmentKind.DELTA, len(self.ids), len(copied.ids)))
-        return copied
-
-    def add_completion(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
-        start = len(self.ids)
-        self.ids += ids
-        self.mask += [1] * len(ids)
-        self.logprobs += logprobs
-        self.versions += versions
-        self.pieces.append(Segment(SegmentKind.COMPLETION, start, len(self.ids)))
-
-    @property
-    def trajectory(self) -> TokenTrajectory:
-        return TokenTrajectory(
-            list(self.ids),
-            list(self.mask),
-            list(self.logprobs),
-            list(self.versions),
-            self.prompt_length,
-            list(self.pieces),
-        )
-
-
-@dataclass(frozen=True)
-class TextStart:
-    """Where a text call starts: its prompt ids; ``segment`` is the text segment it extends."""
-
-    prompt_ids: list[int]
-    delta: list[int]
-    segment: _TextSegment | None = None
-    version: int = 0
-
-
 @dataclass(frozen=True)
 class Start:
     """Where a call starts: ``builder`` holds its prompt; ``segment`` is the one it extends."""
@@ -222,7 +155,7 @@ class Session:
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
-        self.segments: list[_Segment | _TextSegment] = []
+        self.segments: list[_Segment | TextSegment] = []
         self.calls = 0
         self.splits = 0
         self.verdicts: Counter[str] = Counter()
@@ -281,16 +214,16 @@ class Session:
                 self.splits += 1
             self.segments.append(_Segment(builder, tools_key(tools), keys, [record]))
 
-    def _current(self, segment: _Segment | _TextSegment, start: Start | TextStart) -> bool:
+    def _current(self, segment: _Segment | TextSegment, start: Start | TextStart) -> bool:
         """Whether ``segment`` is still this session's and unchanged since ``start``."""
         return segment.version == start.version and any(s is segment for s in self.segments)
 
     def text_start(self, prompt: str | list[int], encode: Any) -> TextStart:
         """Where a text completion of ``prompt`` starts: the longest text segment it extends
         (its ids plus ``encode`` of the rest of the text), or the whole prompt encoded."""
-        best: _TextSegment | None = None
+        best: TextSegment | None = None
         for segment in self.segments:
-            if not isinstance(segment, _TextSegment):
+            if not isinstance(segment, TextSegment):
                 continue
             if best is not None and len(segment.ids) <= len(best.ids):
                 continue
@@ -323,7 +256,7 @@ class Session:
         for decoded, record, result in outcomes:
             text = prompt + decoded if isinstance(prompt, str) else None
             if start.segment is None:
-                segment = _TextSegment.of_prompt(text, start.prompt_ids)
+                segment = TextSegment.of_prompt(text, start.prompt_ids)
             else:
                 segment = start.segment.extended(text, start.delta)
             versions = result.token_weight_versions or [result.weight_version] * len(

@@ -1,0 +1,80 @@
+"""A session's text-completion segments: ids as the engine saw them, and the text they stand for
+(the extension rule is in :mod:`agentrl.engine_pool.gateway.sessions`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from agentrl.tokenization import TokenTrajectory
+from agentrl.tokenization.token_trajectory import Segment, SegmentKind
+
+if TYPE_CHECKING:
+    from agentrl.engine_pool.gateway.sessions import CallRecord
+
+
+@dataclass(eq=False)
+class TextSegment:
+    """A text-completion segment: its ids as the engine saw them, and the text they stand for."""
+
+    text: str | None  # the prompt string plus the completions' decoded text; None: id prompts
+    ids: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    pieces: list[Segment]
+    prompt_length: int
+    calls: list[CallRecord] = field(default_factory=list)
+    version: int = 0
+
+    @classmethod
+    def of_prompt(cls, text: str | None, ids: list[int]) -> TextSegment:
+        n = len(ids)
+        pieces = [Segment(SegmentKind.PROMPT, 0, n)]
+        return cls(text, list(ids), [0] * n, [0.0] * n, [-1] * n, pieces, n)
+
+    def extended(self, text: str | None, delta: list[int]) -> TextSegment:
+        """A copy with ``delta`` (mask 0) appended; ``text`` is the new prompt's."""
+        copied = TextSegment(
+            text,
+            self.ids + delta,
+            self.mask + [0] * len(delta),
+            self.logprobs + [0.0] * len(delta),
+            self.versions + [-1] * len(delta),
+            list(self.pieces),
+            self.prompt_length,
+            self.calls,
+            self.version,
+        )
+        if delta:
+            copied.pieces.append(Segment(SegmentKind.DELTA, len(self.ids), len(copied.ids)))
+        return copied
+
+    def add_completion(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+        start = len(self.ids)
+        self.ids += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.versions += versions
+        self.pieces.append(Segment(SegmentKind.COMPLETION, start, len(self.ids)))
+
+    @property
+    def trajectory(self) -> TokenTrajectory:
+        return TokenTrajectory(
+            list(self.ids),
+            list(self.mask),
+            list(self.logprobs),
+            list(self.versions),
+            self.prompt_length,
+            list(self.pieces),
+        )
+
+
+@dataclass(frozen=True)
+class TextStart:
+    """Where a text call starts: its prompt ids; ``segment`` is the text segment it extends."""
+
+    prompt_ids: list[int]
+    delta: list[int]
+    segment: TextSegment | None = None
+    version: int = 0
