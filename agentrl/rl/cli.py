@@ -97,6 +97,8 @@ def mismatch_summary(metrics: dict[str, float]) -> str:
 
 
 def summary_table(summary, config, engine_dtype: str = "float32") -> Table:
+    from agentrl.training.memory import peak_memory_summary
+
     metrics = summary.last_metrics
     table = Table(title="training summary", show_header=False)
     rows = [
@@ -111,6 +113,7 @@ def summary_table(summary, config, engine_dtype: str = "float32") -> Table:
         ),
         ("last mismatch (mean |Δ log p|)", mismatch_summary(metrics)),
         ("engine weights", f"{engine_dtype} (engines.dtype={config.engines.dtype})"),
+        ("peak memory", peak_memory_summary(metrics)),
         ("metrics", str(Path(config.trainer.output_dir) / "metrics.jsonl")),
         ("checkpoint", str(summary.checkpoint or "-")),
         ("curves", str(summary.curves or "-")),

@@ -80,6 +80,7 @@ from agentrl.rollout.stream import Group, RolloutStream
 from agentrl.training.actor import Actor
 from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_from
 from agentrl.training.distributed import destroy, init_distributed
+from agentrl.training.memory import peak_memory_metrics
 from agentrl.training.metrics import MetricsLogger
 from agentrl.training.packing import pack_for_rank
 from agentrl.training.plots import DEFAULT_KEYS as DEFAULT_CURVES
@@ -414,6 +415,7 @@ class Trainer:
             "time/step_s": time.perf_counter() - start,
             "throughput/train_tokens_per_s": batch.metrics.get("batch/tokens", 0.0)
             / max(train_s, 1e-9),
+            **peak_memory_metrics(),
             **validation,
         }
         self.last_batch = batch

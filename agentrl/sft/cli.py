@@ -83,7 +83,9 @@ def _train(config: SFTConfig, console: Console) -> int:
 
 
 def summary_table(summary: SFTSummary, config: SFTConfig) -> Table:
-    """The end-of-run table: steps, last losses, where the outputs are."""
+    """The end-of-run table: steps, last losses, peak memory, where the outputs are."""
+    from agentrl.training.memory import peak_memory_summary
+
     metrics = summary.last_metrics
     table = Table(title="SFT summary", show_header=False)
     rows = [
@@ -91,6 +93,7 @@ def summary_table(summary: SFTSummary, config: SFTConfig) -> Table:
         ("stopped early", "yes (Ctrl-C)" if summary.interrupted else "no"),
         ("last train loss", f"{metrics.get('train/loss', float('nan')):.4f}"),
         ("validation loss", f"{metrics.get('val/loss', float('nan')):.4f}"),
+        ("peak memory", peak_memory_summary(metrics)),
         ("metrics", str(Path(config.trainer.output_dir) / "metrics.jsonl")),
         ("checkpoint", str(summary.checkpoint or "-")),
         ("exported model", str(summary.exported or "-")),

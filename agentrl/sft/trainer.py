@@ -48,6 +48,7 @@ from agentrl.tokenization import ChatFormat
 from agentrl.training.actor import Actor
 from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_from
 from agentrl.training.distributed import all_reduce_sum, destroy, init_distributed
+from agentrl.training.memory import peak_memory_metrics
 from agentrl.training.metrics import MetricsLogger
 from agentrl.training.packing import PackedMicroBatch, pack_for_rank, packed_scores
 from agentrl.training.plots import plot_curves
@@ -184,6 +185,7 @@ class SFTTrainer:
                 every = cfg.eval_every and self.actor.step % cfg.eval_every == 0
                 if self.val_data and (every or self.actor.step == self.total_steps):
                     record.update(self.evaluate())
+                record.update(peak_memory_metrics())  # this rank's: the first rank's is logged
                 self._log(record, progress)
                 last = record
                 if cfg.checkpoint_every and self.actor.step % cfg.checkpoint_every == 0:

@@ -183,8 +183,10 @@ async def test_a_run_trains_syncs_and_writes_its_outputs(tiny_policy_dir, tmp_pa
         "mismatch/max_abs",
         "train/loss",
         "train/grad_norm",
+        "memory/peak_rss_gb",
     ):
         assert key in rows[-1], key
+    assert 0 < rows[0]["memory/peak_rss_gb"] <= rows[1]["memory/peak_rss_gb"]
     for row in rows:  # the engine's log-probs are the trainer's: at step 2, after a sync
         assert row["mismatch/max_abs"] < bound, (row["step"], row["mismatch/max_abs"], bound)
     assert rows[-1]["version/trained_on"] == 1  # on-policy: step 2 trained on version-1 tokens

@@ -101,6 +101,8 @@ def test_a_run_lowers_the_loss_and_writes_its_outputs(finished_run):
     assert [r["step"] for r in rows if "val/loss" in r] == [3, 6]
     assert rows[-1]["val/loss"] < rows[2]["val/loss"]
     assert rows[-1]["train/epoch"] == 2.0  # 12 training rows, 4 per step
+    peaks = [r["memory/peak_rss_gb"] for r in rows]
+    assert peaks == sorted(peaks) and peaks[0] > 0  # a peak since the start: it never falls
     logged = {k: v for k, v in rows[-1].items() if k not in ("step", "time")}
     assert summary.last_metrics == pytest.approx(logged)
     assert (out / "curves.png").stat().st_size > 0
