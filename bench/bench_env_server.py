@@ -11,6 +11,10 @@ process as the client, both on this machine:
 2. **Under load.** Every session steps ``--steps`` times, all sessions at once (a closed loop of N
    clients, each sending its next step when the last is answered). Per-step latency as the client
    sees it (send to reply), p50/p99.
+2b. **Paced.** Every session steps ``--paced-rounds`` more times, each once per ``--pace-s``
+   seconds at its own random phase (an open loop: a step is sent at its time whether or not the
+   server kept up), as sessions step when an agent's generation ends rather than all at once.
+   The offered load is ``N / pace`` steps per second; per-step latency p50/p99 as above.
 3. **One at a time.** With the N sessions still held, ``--probe-steps`` steps of one session, one
    after another (Math-v0: reset with seeds 0, 1, ... N-1 in turn): the latency without queueing.
 4. **In-process.** The same environment made in this process (``gymnasium.make``), the same
@@ -24,6 +28,7 @@ Environments: ``tests/Echo-v0`` (the example plugin's EchoEnv: a string comparis
 episode, so each step is preceded by a reset, which is not timed) with ``--math-sessions`` (64).
 
     python -m bench.bench_env_server [--trivial-sessions 1000] [--math-sessions 64] [--steps 5]
+        [--pace-s 0.5] [--paced-rounds 10]
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -59,6 +65,8 @@ class Run:
     rss_held_kib: int = 0
     load_ms: list[float] = field(default_factory=list)
     probe_ms: list[float] = field(default_factory=list)
+    paced_ms: list[float] = field(default_factory=list)
+    pace_s: float = 0.0
     inproc_ms: list[float] = field(default_factory=list)
     open_s: float = 0.0
     cold_ms: float = 0.0
@@ -100,7 +108,14 @@ async def exchange(ws: aiohttp.ClientWebSocketResponse, message: dict[str, Any])
 
 
 async def served(
-    run: Run, url: str, pid: int, steps: int, probe_steps: int, action: str, reset_each_step: bool
+    run: Run,
+    url: str,
+    pid: int,
+    steps: int,
+    probe_steps: int,
+    action: str,
+    reset_each_step: bool,
+    paced_rounds: int,
 ) -> None:
     run.rss_before_kib = rss_kib(pid)
     connector = aiohttp.TCPConnector(limit=0)
@@ -148,6 +163,21 @@ async def served(
         began = time.perf_counter()
         await asyncio.gather(*(client(ws, i) for i, ws in enumerate(sockets)))
         run.load_s = time.perf_counter() - began
+
+        phases = random.Random(0)
+
+        async def paced(ws: aiohttp.ClientWebSocketResponse, index: int) -> None:
+            start = time.perf_counter() + phases.uniform(0, run.pace_s)
+            for round_ in range(paced_rounds):
+                await asyncio.sleep(max(0.0, start + round_ * run.pace_s - time.perf_counter()))
+                try:
+                    await step(ws, index, run.paced_ms)
+                except Exception as exc:
+                    run.errors.append(f"paced step: {type(exc).__name__}: {exc}")
+                    return
+
+        if run.pace_s > 0:
+            await asyncio.gather(*(paced(ws, i) for i, ws in enumerate(sockets)))
         if sockets:
             for index in range(probe_steps):
                 await step(sockets[0], index % run.sessions, run.probe_ms)
@@ -185,10 +215,12 @@ def bench(
     probe_steps: int,
     action: str,
     reset_each_step: bool,
+    pace_s: float = 0.0,
+    paced_rounds: int = 0,
 ) -> Run:
     from agentrl.engine_pool.sglang_engine import free_port
 
-    run = Run(env_id, sessions)
+    run = Run(env_id, sessions, pace_s=pace_s)
     port = free_port()
     process = start(env_id, kwargs, sessions, port)
     try:
@@ -201,6 +233,7 @@ def bench(
                 probe_steps,
                 action,
                 reset_each_step,
+                paced_rounds,
             )
         )
     finally:
@@ -230,6 +263,16 @@ def report(run: Run) -> str:
         f"{pct(run.load_ms, 0.99):.1f} ms ({len(run.load_ms)} steps, "
         f"{len(run.load_ms) / max(run.load_s, 1e-9):.0f} steps/s); added p50 "
         f"{pct(run.load_ms, 0.5) - inproc50:.1f} ms, p99 {pct(run.load_ms, 0.99) - inproc99:.1f} ms",
+        *(
+            [
+                f"  served, paced ({run.sessions / run.pace_s:.0f} steps/s offered, each session "
+                f"every {run.pace_s:g} s): p50 {pct(run.paced_ms, 0.5):.1f} ms, p99 "
+                f"{pct(run.paced_ms, 0.99):.1f} ms ({len(run.paced_ms)} steps); added p99 "
+                f"{pct(run.paced_ms, 0.99) - inproc99:.1f} ms"
+            ]
+            if run.pace_s > 0
+            else []
+        ),
         f"  served, one at a time: p50 {pct(run.probe_ms, 0.5):.2f} ms, p99 "
         f"{pct(run.probe_ms, 0.99):.2f} ms; added p50 {pct(run.probe_ms, 0.5) - inproc50:.2f} ms, "
         f"p99 {pct(run.probe_ms, 0.99) - inproc99:.2f} ms",
@@ -245,6 +288,8 @@ def main() -> int:
     parser.add_argument("--math-sessions", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--probe-steps", type=int, default=200)
+    parser.add_argument("--pace-s", type=float, default=0.5, help="Echo's paced phase; 0: none")
+    parser.add_argument("--paced-rounds", type=int, default=10)
     args = parser.parse_args()
     from agentrl.models import cpu_name
 
@@ -258,6 +303,8 @@ def main() -> int:
             args.probe_steps,
             WRONG,
             reset_each_step=False,
+            pace_s=args.pace_s,
+            paced_rounds=args.paced_rounds,
         ),
         bench(
             "agentrl/Math-v0",
