@@ -4,13 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from agentrl.tokenization import TokenTrajectory
 from agentrl.tokenization.token_trajectory import Segment, SegmentKind
-
-if TYPE_CHECKING:
-    from agentrl.engine_pool.gateway.sessions import CallRecord
 
 
 @dataclass(eq=False)
@@ -24,7 +21,7 @@ class TextSegment:
     versions: list[int]
     pieces: list[Segment]
     prompt_length: int
-    calls: list[CallRecord] = field(default_factory=list)
+    calls: list[Any] = field(default_factory=list)  # the sessions module's CallRecords
     version: int = 0
 
     @classmethod
