@@ -52,9 +52,9 @@ from agentrl.engine_pool.gateway.sessions import (
     Session,
     SessionStore,
     Start,
-    TextStart,
     fork,
 )
+from agentrl.engine_pool.gateway.text_segments import text_start
 from agentrl.tokenization import (
     ChatFormat,
     SeamPolicy,
@@ -229,12 +229,7 @@ class Gateway:
         if session is not None:
             start = session.text_start(request.prompt, self.tokenizer.encode)
         else:
-            start = TextStart(
-                list(self.tokenizer.encode(request.prompt))
-                if isinstance(request.prompt, str)
-                else list(request.prompt),
-                [],
-            )
+            start = text_start([], request.prompt, self.tokenizer.encode)
         prompt = start.prompt_ids
         asked = request.sampling
         if self.sampling_policy is not None:

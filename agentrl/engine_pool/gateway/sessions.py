@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.engine_pool.gateway.protocol import GatewayError, Message
-from agentrl.engine_pool.gateway.text_segments import TextSegment, TextStart
+from agentrl.engine_pool.gateway.text_segments import TextSegment, TextStart, text_start
 from agentrl.tokenization import TokenTrajectory, TrajectoryBuilder
 
 
@@ -219,29 +219,9 @@ class Session:
         return segment.version == start.version and any(s is segment for s in self.segments)
 
     def text_start(self, prompt: str | list[int], encode: Any) -> TextStart:
-        """Where a text completion of ``prompt`` starts: the longest text segment it extends
-        (its ids plus ``encode`` of the rest of the text), or the whole prompt encoded."""
-        best: TextSegment | None = None
-        for segment in self.segments:
-            if not isinstance(segment, TextSegment):
-                continue
-            if best is not None and len(segment.ids) <= len(best.ids):
-                continue
-            if isinstance(prompt, str):
-                if segment.text is not None and prompt.startswith(segment.text):
-                    best = segment
-            elif prompt[: len(segment.ids)] == segment.ids:
-                best = segment
-        if best is None:
-            ids = list(encode(prompt)) if isinstance(prompt, str) else list(prompt)
-            return TextStart(ids, [])
-        if isinstance(prompt, str):
-            assert best.text is not None
-            rest = prompt[len(best.text) :]
-            delta = list(encode(rest, add_special_tokens=False)) if rest else []
-        else:
-            delta = list(prompt[len(best.ids) :])
-        return TextStart(best.ids + delta, delta, best, best.version)
+        """Where a text completion of ``prompt`` starts (:func:`text_start` over this session's
+        text segments)."""
+        return text_start([s for s in self.segments if isinstance(s, TextSegment)], prompt, encode)
 
     def commit_text(
         self,
@@ -265,15 +245,16 @@ class Session:
             segment.add_completion(list(result.token_ids), list(result.logprobs), list(versions))
             current = start.segment
             if record.choice == 0 and current is not None and self._current(current, start):
-                current.text, current.ids, current.mask = segment.text, segment.ids, segment.mask
-                current.logprobs, current.versions = segment.logprobs, segment.versions
-                current.pieces = segment.pieces
-                current.calls.append(record)
-                current.version += 1
+                # the extended copy takes the segment's place (a start holding the old one is
+                # no longer current)
+                segment.calls, segment.version = [*current.calls, record], current.version + 1
+                self.segments[next(i for i, s in enumerate(self.segments) if s is current)] = (
+                    segment
+                )
                 continue
             if record.choice == 0 and self.segments:
                 self.splits += 1
-            segment.calls, segment.version = [record], 0
+            segment.calls.append(record)
             self.segments.append(segment)
 
     def record(self) -> SessionRecord:

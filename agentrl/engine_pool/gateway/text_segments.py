@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,8 @@ class TextSegment:
         return cls(text, list(ids), [0] * n, [0.0] * n, [-1] * n, pieces, n)
 
     def extended(self, text: str | None, delta: list[int]) -> TextSegment:
-        """A copy with ``delta`` (mask 0) appended; ``text`` is the new prompt's."""
+        """A copy with ``delta`` (mask 0) appended, with no calls yet; ``text`` is the new
+        prompt's."""
         copied = TextSegment(
             text,
             self.ids + delta,
@@ -40,8 +42,6 @@ class TextSegment:
             self.versions + [-1] * len(delta),
             list(self.pieces),
             self.prompt_length,
-            self.calls,
-            self.version,
         )
         if delta:
             copied.pieces.append(Segment(SegmentKind.DELTA, len(self.ids), len(copied.ids)))
@@ -75,3 +75,27 @@ class TextStart:
     delta: list[int]
     segment: TextSegment | None = None
     version: int = 0
+
+
+def text_start(segments: Sequence[TextSegment], prompt: str | list[int], encode: Any) -> TextStart:
+    """Where a text completion of ``prompt`` starts: the longest of ``segments`` it extends (its
+    ids plus ``encode`` of the rest of the text, or the rest of the ids), else the whole prompt
+    (a string encoded with ``encode``)."""
+    best: TextSegment | None = None
+    for segment in segments:
+        if best is not None and len(segment.ids) <= len(best.ids):
+            continue
+        if isinstance(prompt, str):
+            if segment.text is not None and prompt.startswith(segment.text):
+                best = segment
+        elif prompt[: len(segment.ids)] == segment.ids:
+            best = segment
+    if best is None:
+        return TextStart(list(encode(prompt)) if isinstance(prompt, str) else list(prompt), [])
+    if isinstance(prompt, str):
+        assert best.text is not None
+        rest = prompt[len(best.text) :]
+        delta = list(encode(rest, add_special_tokens=False)) if rest else []
+    else:
+        delta = list(prompt[len(best.ids) :])
+    return TextStart(best.ids + delta, delta, best, best.version)
