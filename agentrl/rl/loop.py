@@ -79,7 +79,7 @@ from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.rollout.stream import Group, RolloutStream
 from agentrl.training.actor import Actor
 from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_from
-from agentrl.training.distributed import destroy, init_distributed
+from agentrl.training.distributed import distributed
 from agentrl.training.memory import peak_memory_metrics
 from agentrl.training.metrics import MetricsLogger
 from agentrl.training.packing import pack_for_rank
@@ -129,8 +129,8 @@ class Trainer:
         self.metrics: MetricsLogger | None = None
         self.progress: TrainProgress | None = None
         self.last_checkpoint_step: int | None = None
-        self._owns_group = False
-        """Whether setup() made the default process group; close() then destroys it."""
+        self._group = contextlib.ExitStack()
+        """Holds ``distributed()``: close() destroys the process group if setup() made it."""
         self.critic: Critic | None = None
         """The value model of ``algorithm.advantage=gae`` (every rank), else None."""
         self.last_batch: TrainingBatch | None = None
@@ -153,8 +153,7 @@ class Trainer:
 
     async def setup(self) -> None:
         cfg = self.config
-        self._owns_group = not dist.is_initialized()
-        self.dist = init_distributed()
+        self.dist = self._group.enter_context(distributed())
         self.is_main = self.dist.is_main
         _seed_everything(cfg.trainer.seed + self.dist.rank)
         await self._check_env()
@@ -269,9 +268,7 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
-        if self._owns_group:
-            destroy()
-            self._owns_group = False
+        self._group.close()
 
     async def _check_env(self) -> None:
         """Fail before loading anything on a bad env id or kwargs (of every environment)."""

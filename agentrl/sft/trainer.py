@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from rich.console import Console
 from torch import nn
 
@@ -47,7 +46,7 @@ from agentrl.sft.data import TokenizedConversations, load_conversations, tokeniz
 from agentrl.tokenization import ChatFormat
 from agentrl.training.actor import Actor
 from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_from
-from agentrl.training.distributed import all_reduce_sum, destroy, init_distributed
+from agentrl.training.distributed import all_reduce_sum, distributed
 from agentrl.training.memory import peak_memory_metrics
 from agentrl.training.metrics import MetricsLogger
 from agentrl.training.packing import PackedMicroBatch, pack_for_rank, packed_scores
@@ -109,8 +108,8 @@ class SFTTrainer:
         self.metrics: MetricsLogger | None = None
         self.stop_requested = False
         self.last_checkpoint_step: int | None = None
-        self._owns_group = False
-        """Whether setup() made the default process group; close() then destroys it."""
+        self._group = contextlib.ExitStack()
+        """Holds ``distributed()``: close() destroys the process group if setup() made it."""
 
     def __enter__(self) -> SFTTrainer:
         try:
@@ -130,8 +129,7 @@ class SFTTrainer:
 
     def setup(self) -> None:
         cfg = self.config
-        self._owns_group = not dist.is_initialized()
-        self.dist = init_distributed()
+        self.dist = self._group.enter_context(distributed())
         self.is_main = self.dist.is_main
         _seed_everything(cfg.trainer.seed + self.dist.rank)
         self.checkpoints = CheckpointManager(
@@ -164,9 +162,7 @@ class SFTTrainer:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
-        if self._owns_group:
-            destroy()
-            self._owns_group = False
+        self._group.close()
 
     def request_stop(self) -> None:
         """Stop after the step in progress (then checkpoint, as at the end)."""
