@@ -305,6 +305,11 @@ class PolicyLossRule:
     clips_against_advantage: bool = True
     """Whether a ratio counts as clipped only against the advantage's direction (the metrics)."""
 
+    @property
+    def token_ratio(self) -> bool:
+        """Whether each token's ratio is its own (not its whole sequence's, as GSPO's)."""
+        return self.ratio is _token_ratio
+
 
 POLICY_LOSSES: dict[str, PolicyLossRule] = {
     "ppo": PolicyLossRule(_token_ratio, _clipped_surrogate(dual_clip=True)),

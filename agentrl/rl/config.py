@@ -14,6 +14,7 @@ from typing import ClassVar, Literal, Self
 
 from pydantic import Field, model_validator
 
+from agentrl.algorithms.losses import POLICY_LOSSES
 from agentrl.config import Config, RunConfig, reference_markdown
 from agentrl.models import ModelConfig
 from agentrl.rl.critic import CriticConfig
@@ -33,7 +34,9 @@ class TrainerConfig(Config):
     steps: int = Field(4, ge=1)
     """Optimizer steps (one batch each)."""
     micro_batch_tokens: int = Field(4096, ge=16)
-    """Token budget of one packed micro-batch (at least ``rollout.max_total_tokens``)."""
+    """Token budget of one packed micro-batch on one rank (times ``actor.sequence_parallel``, at
+    least ``rollout.max_total_tokens``: a micro-batch that ranks share may be that much
+    longer)."""
     seed: int = 0
     """Seeds the prompts, sampling and torch."""
     output_dir: Path = Path("runs/train")
@@ -93,12 +96,15 @@ class TrainConfig(RunConfig):
                 f"{keys} set with algorithm.advantage={self.algorithm.advantage}, which trains "
                 "no critic; set algorithm.advantage=gae or remove the critic section"
             )
-        if self.trainer.micro_batch_tokens < self.rollout.max_total_tokens:
+        shared = self.actor.sequence_parallel
+        if self.trainer.micro_batch_tokens * shared < self.rollout.max_total_tokens:
+            times = f" times actor.sequence_parallel ({shared})" if shared > 1 else ""
             raise ValueError(
-                f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}) must be at least "
-                f"rollout.max_total_tokens ({self.rollout.max_total_tokens}): a trajectory "
-                "cannot be split across micro-batches"
+                f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}){times} must be "
+                f"at least rollout.max_total_tokens ({self.rollout.max_total_tokens}): a "
+                "trajectory cannot be split across micro-batches"
             )
+        self._check_sequence_parallel()
         if self.agent.entry is not None and self.env.mix:
             raise ValueError(
                 "agent.entry runs one environment's tasks; give env.id, not env.mix, with an agent"
@@ -127,6 +133,33 @@ class TrainConfig(RunConfig):
                 f"response budget it is a part of, {where} ({budget})"
             )
         return self
+
+    def _check_sequence_parallel(self) -> None:
+        """Sequence parallelism splits sequences across ranks: refuse what needs them whole."""
+        if self.critic.sequence_parallel != 1:
+            raise ValueError(
+                "critic.sequence_parallel is not supported: the critic's values need every "
+                "sequence whole on one rank"
+            )
+        if self.actor.sequence_parallel == 1:
+            return
+        algorithm, whole = self.algorithm, []
+        if algorithm.aggregation != "token-mean":
+            whole.append(f"algorithm.aggregation={algorithm.aggregation}")
+        if not POLICY_LOSSES[algorithm.loss].token_ratio:
+            whole.append(f"algorithm.loss={algorithm.loss} (a sequence-level ratio)")
+        if algorithm.importance_correction != "none" and algorithm.importance_level != "token":
+            whole.append(f"algorithm.importance_level={algorithm.importance_level}")
+        if algorithm.rejection == "geometric":
+            whole.append("algorithm.rejection=geometric")
+        if algorithm.advantage == CRITIC_ADVANTAGE:
+            whole.append(f"algorithm.advantage={CRITIC_ADVANTAGE} (the critic's values)")
+        if whole:
+            raise ValueError(
+                f"actor.sequence_parallel={self.actor.sequence_parallel} splits each micro-batch "
+                f"across ranks, but {', '.join(whole)} need(s) every sequence whole on one rank; "
+                "use token-level settings or actor.sequence_parallel=1"
+            )
 
 
 def config_reference_markdown() -> str:

@@ -82,10 +82,10 @@ from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_fro
 from agentrl.training.distributed import distributed
 from agentrl.training.memory import peak_memory_metrics
 from agentrl.training.metrics import MetricsLogger
-from agentrl.training.packing import pack_for_rank
 from agentrl.training.plots import DEFAULT_KEYS as DEFAULT_CURVES
 from agentrl.training.plots import plot_curves
 from agentrl.training.progress import DEFAULT_PROGRESS_KEYS, TrainProgress
+from agentrl.training.sequence_parallel import use_sequence_parallel_attention
 
 STOP = "stop"
 
@@ -177,6 +177,11 @@ class Trainer:
             engine_model = copy.deepcopy(model).to(getattr(torch, self.engine_dtype))
         self.critic = self._build_critic(model)
         self.actor = Actor(model, cfg.actor, dist_info=self.dist)
+        if self.actor.sequence_parallel.size > 1:
+            if reference is not None:  # it scores the same shared micro-batches
+                use_sequence_parallel_attention(reference)
+            if self.is_main:
+                self.console.print(self.actor.sequence_parallel.describe())
         self.objective = Objective(
             cfg.algorithm,
             temperature=cfg.rollout.temperature,
@@ -579,20 +584,18 @@ def train_on_batch(
     optimizer step per part; only the last ends the trainer step (:attr:`Actor.step` and the LR
     schedule advance once). With more than one update and ``old_logprobs="trainer"`` the old
     log-probs are computed for every part before the first (:meth:`Objective.with_old_logprobs`).
+    With ``actor.sequence_parallel`` above 1, each group of ranks shares its micro-batches
+    (:meth:`Actor.micro_batches`).
     With a ``critic`` (``algorithm.advantage=gae``) the advantages are first computed from its
     values (:meth:`Critic.prepare`), and every policy update is followed by a critic update on
     the same micro-batches (:meth:`Critic.update`).
     Returns the mean of the updates' metrics (maxima and minima: over the updates) and
     ``train/optimizer_steps``.
     """
-    rank, world = actor.dist.rank, actor.dist.world_size
     objective.policy_version = actor.step  # the weights the engines sampled on-policy tokens with
     parts = [sequences[k::mini_batches] for k in range(mini_batches)]
     parts = [part for part in parts if any(any(s["loss_mask"]) for s in part)] or [sequences]
-    packed = [
-        [mb.to(actor.device) for mb in pack_for_rank(part, rank, world, micro_batch_tokens)]
-        for part in parts
-    ]
+    packed = [actor.micro_batches(part, micro_batch_tokens) for part in parts]
     updates = len(packed) * epochs
     critic_metrics: dict[str, float] = {}
     if critic is not None:

@@ -55,7 +55,8 @@ class SFTTrainerConfig(Config):
     """Conversations per optimizer step, over all ranks (the last batch of an epoch may be
     smaller). The loss is the mean over the loss tokens of the whole batch."""
     micro_batch_tokens: int = Field(default=4096, ge=16)
-    """Token budget of one packed micro-batch on one rank (at least ``data.max_tokens``)."""
+    """Token budget of one packed micro-batch on one rank (times ``actor.sequence_parallel``, at
+    least ``data.max_tokens``: a micro-batch that ranks share may be that much longer)."""
     seed: int = 0
     """Seeds the shuffling, the validation split and torch."""
     output_dir: Path = Path("runs/sft")
@@ -90,11 +91,13 @@ class SFTConfig(RunConfig):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if self.trainer.micro_batch_tokens < self.data.max_tokens:
+        shared = self.actor.sequence_parallel
+        if self.trainer.micro_batch_tokens * shared < self.data.max_tokens:
+            times = f" times actor.sequence_parallel ({shared})" if shared > 1 else ""
             raise ValueError(
-                f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}) must be at least "
-                f"data.max_tokens ({self.data.max_tokens}): a conversation cannot be split "
-                "across micro-batches"
+                f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}){times} must be "
+                f"at least data.max_tokens ({self.data.max_tokens}): a conversation cannot be "
+                "split across micro-batches"
             )
         if self.data.val_path is not None and self.data.val_fraction:
             raise ValueError("give data.val_path or data.val_fraction, not both")

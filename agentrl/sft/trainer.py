@@ -7,8 +7,9 @@ each step:
 1. takes the step's ``trainer.batch_size`` conversations: epoch ``e`` visits the training rows in
    the order ``numpy.random.default_rng([seed, e]).permutation``, so the batch of step ``s`` is a
    function of ``s`` and the data, and a resumed run continues where the checkpoint left off;
-2. packs this rank's share (:func:`~agentrl.training.packing.pack_for_rank`, the same equal
-   micro-batch counts as RL batches) and takes one :meth:`~agentrl.training.actor.Actor.train_step`
+2. packs this rank's share (:meth:`~agentrl.training.actor.Actor.micro_batches`, the same equal
+   micro-batch counts as RL batches; with ``actor.sequence_parallel`` above 1 a group of ranks
+   shares each micro-batch) and takes one :meth:`~agentrl.training.actor.Actor.train_step`
    with :func:`nll_loss`: the loss is the mean negative log-likelihood over the loss tokens of the
    whole batch (all ranks), at temperature 1;
 3. logs ``train/loss``, ``train/token_accuracy`` (greedy next-token accuracy on the loss tokens),
@@ -49,7 +50,7 @@ from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_fro
 from agentrl.training.distributed import all_reduce_sum, distributed
 from agentrl.training.memory import peak_memory_metrics
 from agentrl.training.metrics import MetricsLogger
-from agentrl.training.packing import PackedMicroBatch, pack_for_rank, packed_scores
+from agentrl.training.packing import PackedMicroBatch, packed_scores
 from agentrl.training.plots import plot_curves
 from agentrl.training.progress import TrainProgress
 
@@ -145,6 +146,8 @@ class SFTTrainer:
         if getattr(model.config, "_attn_implementation", None) != cfg.model.attn_implementation:
             model.set_attn_implementation(cfg.model.attn_implementation)
         self.actor = Actor(model, cfg.actor, dist_info=self.dist)
+        if self.is_main and self.actor.sequence_parallel.size > 1:
+            self.console.print(self.actor.sequence_parallel.describe())
         self.loss_fn = functools.partial(nll_loss, chunk_tokens=cfg.actor.logprob_chunk_tokens)
         if resume_from is not None:
             self._resume(resume_from)
@@ -222,12 +225,7 @@ class SFTTrainer:
         start = time.perf_counter()
         step = self.actor.step
         rows = self.batch_rows(step)
-        micro_batches = [
-            mb.to(self.actor.device)
-            for mb in pack_for_rank(
-                rows, self.dist.rank, self.dist.world_size, self.config.trainer.micro_batch_tokens
-            )
-        ]
+        micro_batches = self.actor.micro_batches(rows, self.config.trainer.micro_batch_tokens)
         report = self.actor.train_step(micro_batches, self.loss_fn)
         seconds = time.perf_counter() - start
         tokens = sum(len(row["input_ids"]) for row in rows)
@@ -248,14 +246,9 @@ class SFTTrainer:
         """Mean NLL and token accuracy over the validation loss tokens (a collective)."""
         assert self.val_data is not None
         sums = torch.zeros(3, dtype=torch.float64)
-        plan = pack_for_rank(
-            self.val_data.rows,
-            self.dist.rank,
-            self.dist.world_size,
-            self.config.trainer.micro_batch_tokens,
-        )
+        plan = self.actor.micro_batches(self.val_data.rows, self.config.trainer.micro_batch_tokens)
         for micro_batch in plan:
-            loss, count, metrics = self.loss_fn(self.actor.model, micro_batch.to(self.actor.device))
+            loss, count, metrics = self.loss_fn(self.actor.model, micro_batch)
             sums += torch.tensor([float(loss), count, float(metrics["token_accuracy"])])
         loss_sum, count, hits = all_reduce_sum(sums).tolist()
         return {"val/loss": loss_sum / count, "val/token_accuracy": hits / count}

@@ -48,6 +48,12 @@ from agentrl.training.distributed import DistInfo, all_reduce_sum, current_dist_
 from agentrl.training.distributed import data_parallel_mesh as make_mesh
 from agentrl.training.fp8_training import FP8Recipe, after_optimizer_step, convert_to_fp8_training
 from agentrl.training.optim import LRSchedule, build_adamw, build_lr_scheduler
+from agentrl.training.packing import PackedMicroBatch, SequenceLike, pack_for_rank
+from agentrl.training.sequence_parallel import (
+    SequenceParallel,
+    sequence_parallel_layout,
+    use_sequence_parallel_attention,
+)
 
 B = TypeVar("B")
 Scalar = torch.Tensor | float
@@ -92,6 +98,16 @@ class ActorConfig(Config):
     path; needed for models whose logits are not ``lm_head(hidden)``, e.g. Gemma 2's
     soft-capping, which the chunked path refuses). Applies to the policy's loss (RL and SFT),
     the reference model's KL and the old log-probs; the critic's value head has no vocabulary."""
+    sequence_parallel: int = Field(1, ge=1)
+    """Ranks that share one packed micro-batch (`agentrl.training.sequence_parallel`): groups of
+    this many consecutive ranks hold the same micro-batches of up to ``P x`` the per-rank token
+    budget (``trainer.micro_batch_tokens``), each rank running the model on ``1 / P`` of every
+    one of them and all-gathering the keys and values in each attention layer. Must divide the
+    number of ranks; data parallelism is over the ``world / P`` groups. Costs: a collective per
+    layer (forward and backward), the whole sequence's keys and values per rank, and a dense
+    ``(T / P) x T`` attention mask; attention runs as torch sdpa. Only losses that sum over
+    tokens split this way: the RL config refuses sequence-level aggregations, ratios and a
+    critic with it. 1: off."""
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     """``"bf16"``: bfloat16 compute, float32 master weights and gradient reduction; ``"fp32"``: float32
     throughout; ``"auto"``: ``"bf16"`` on CUDA, ``"fp32"`` on CPU."""
@@ -217,6 +233,12 @@ class Actor:
         self.config = config or ActorConfig()
         self.dist = dist_info or current_dist_info()
         self.mesh = make_mesh(self.dist)
+        self.sequence_parallel: SequenceParallel = sequence_parallel_layout(
+            self.dist, self.config.sequence_parallel
+        )
+        """Which share of each batch this rank trains on, and which slice of each micro-batch."""
+        if self.sequence_parallel.size > 1:
+            use_sequence_parallel_attention(model)
         self.model = shard_model(model, self.mesh, self.config)
         self.model.train()
         cfg = self.config
@@ -241,6 +263,20 @@ class Actor:
     def lr(self) -> float:
         """Learning rate the next optimizer step will use."""
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def micro_batches(
+        self, sequences: Sequence[SequenceLike], max_tokens: int
+    ) -> list[PackedMicroBatch]:
+        """This rank's packed micro-batches of ``sequences`` (which every rank holds in full), on
+        :attr:`device`: its data-parallel share (:func:`~agentrl.training.packing.pack_for_rank`
+        over ``world / P`` shares, micro-batches of up to ``P x max_tokens`` tokens), each split
+        for its sequence-parallel group (:meth:`PackedMicroBatch.split`; ``P =
+        actor.sequence_parallel``). Every rank gets the same number."""
+        layout = self.sequence_parallel
+        packed = pack_for_rank(
+            sequences, layout.data_rank, layout.data_size, max_tokens * layout.size
+        )
+        return [micro_batch.split(layout).to(self.device) for micro_batch in packed]
 
     def train_step(
         self,

@@ -55,12 +55,13 @@ from agentrl.training.chunked_logprobs import (
     output_head,
 )
 from agentrl.training.micro_batches import Plan, balance_across_ranks, plan_micro_batches
+from agentrl.training.sequence_parallel import ATTENTION, SequenceParallel, SequenceShard
 
 SequenceLike = TokenTrajectory | Mapping[str, Any]
 """A trajectory, or a mapping with per-token ``input_ids``, ``loss_mask`` and any other columns."""
 
 PACKED_ATTENTION = frozenset(
-    {"eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3"}
+    {"eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3", ATTENTION}
 )
 """``config._attn_implementation`` values for which transformers keeps packed sequences apart."""
 
@@ -83,6 +84,9 @@ class PackedMicroBatch:
     seq_lens: list[int]
     sequence_index: list[int]
     n_loss_tokens: int
+    shard: SequenceShard | None = None
+    """Set on a rank's view of a micro-batch split across a sequence-parallel group
+    (:meth:`split`): the model runs on tokens ``[shard.start, shard.end)`` only."""
 
     @property
     def n_tokens(self) -> int:
@@ -124,6 +128,51 @@ class PackedMicroBatch:
         :mod:`agentrl.algorithms.losses`, whose sequence-mean modes need one row per sequence).
         Differentiable."""
         return pad_sequence(self.unpack(values), batch_first=True, padding_value=fill)
+
+    def split(self, layout: SequenceParallel) -> PackedMicroBatch:
+        """This rank's view of the micro-batch when its sequence-parallel group shares it
+        (:mod:`agentrl.training.sequence_parallel`); the micro-batch itself when ``layout.size``
+        is 1.
+
+        Every tensor keeps its full ``(1, T)`` width (each rank of the group holds the same
+        micro-batch), with ``T`` first padded to a multiple of the group size by a filler
+        sequence. The view's :attr:`shard` is the rank's slice ``[r T / P, (r + 1) T / P)``; its
+        :attr:`loss_mask` keeps only the tokens the rank scores, those whose predecessor lies in
+        the slice, so that a loss summed over the loss tokens, added up over the group, is the
+        whole micro-batch's."""
+        if layout.size == 1:
+            return self
+        if self.shard is not None or layout.group is None:
+            raise ValueError("split() takes a whole micro-batch and a layout with a group")
+        batch = self._padded((-self.n_tokens) % layout.size)
+        width = batch.n_tokens // layout.size
+        start, end = layout.rank * width, (layout.rank + 1) * width
+        scored_here = torch.zeros_like(batch.loss_mask)
+        scored_here[0, start + 1 : end + 1] = True
+        loss_mask = batch.loss_mask & scored_here
+        return dataclasses.replace(
+            batch,
+            loss_mask=loss_mask,
+            n_loss_tokens=int(loss_mask.sum()),
+            shard=SequenceShard(start, end, layout.group),
+        )
+
+    def _padded(self, length: int) -> PackedMicroBatch:
+        """This micro-batch with a filler sequence of ``length`` tokens appended (if > 0)."""
+        if length == 0:
+            return self
+        tail = {
+            name: torch.zeros(1, length, dtype=value.dtype) for name, value in self.fields.items()
+        }
+        return dataclasses.replace(
+            self,
+            input_ids=torch.cat([self.input_ids, self.input_ids.new_zeros(1, length)], 1),
+            position_ids=torch.cat([self.position_ids, torch.arange(length)[None]], 1),
+            loss_mask=torch.cat([self.loss_mask, self.loss_mask.new_zeros(1, length)], 1),
+            fields={name: torch.cat([value, tail[name]], 1) for name, value in self.fields.items()},
+            seq_lens=[*self.seq_lens, length],
+            sequence_index=[*self.sequence_index, FILLER],
+        )
 
     def to(self, device: torch.device | str) -> PackedMicroBatch:
         """A copy with every tensor on ``device``."""
@@ -240,11 +289,26 @@ def packed_scores(
     wanted = batch.position_ids[0] != 0  # (T,) the first token of a sequence has no context
     if loss_tokens_only:
         wanted = wanted & (batch.loss_mask[0] != 0)
+    shard, offset = batch.shard, 0
+    inputs: dict[str, Any]
+    if shard is None:
+        inputs = {"input_ids": batch.input_ids, "position_ids": batch.position_ids}
+        inputs["use_cache"] = False
+    else:  # this rank's slice: it scores the tokens whose predecessor is in it
+        if implementation != ATTENTION:
+            raise ValueError(
+                f"a sequence-parallel micro-batch needs the model's attention to be {ATTENTION!r}"
+                f" (agentrl.training.sequence_parallel.use_sequence_parallel_attention), not "
+                f"{implementation!r}"
+            )
+        inputs, offset = shard.model_inputs(batch.input_ids, batch.position_ids), shard.start
+        here = torch.zeros_like(wanted)
+        here[shard.start + 1 : shard.end + 1] = True
+        wanted = wanted & here
     scored = wanted.nonzero().squeeze(-1)  # (K,)
     targets = batch.input_ids[0, scored]  # (K,)
-    inputs = {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "use_cache": False}
     if chunk_tokens:
-        hidden = final_hidden_states(model, **inputs)[0, scored - 1]  # (K, H)
+        hidden = final_hidden_states(model, **inputs)[0, scored - 1 - offset]  # (K, H)
         chunked = chunked_token_scores(
             hidden,
             output_head(model),
@@ -257,7 +321,7 @@ def packed_scores(
         values, top = chunked.logprobs, chunked.argmax  # (K,), (K,)
         ent = None if chunked.entropy is None else chunked.entropy.detach()
     else:
-        logits = model(**inputs, logits_to_keep=scored - 1).logits[0]  # (K, V)
+        logits = model(**inputs, logits_to_keep=scored - 1 - offset).logits[0]  # (K, V)
         values = temperature_logprobs(logits, targets, temperature)  # (K,)
         top = logits.detach().argmax(-1) if argmax else None
         ent = None

@@ -43,6 +43,32 @@ def test_ill_typed_values_and_inconsistent_sections_are_refused():
         TrainConfig.load("no/such/file.yaml")
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "algorithm.aggregation=seq-mean-token-mean",
+        "algorithm.loss=gspo",
+        "algorithm.importance_level=sequence",
+        "algorithm.rejection=geometric",
+        "algorithm.advantage=gae",
+    ],
+)
+def test_sequence_parallelism_refuses_what_needs_whole_sequences(setting):
+    with pytest.raises(ConfigError, match="need\\(s\\) every sequence whole on one rank") as info:
+        TrainConfig.load(None, ["actor.sequence_parallel=2", setting])
+    assert setting.split("=")[0] in str(info.value)
+    TrainConfig.load(None, [setting])  # fine without it
+    with pytest.raises(ConfigError, match="critic.sequence_parallel is not supported"):
+        TrainConfig.load(None, ["algorithm.advantage=gae", "critic.sequence_parallel=2"])
+
+
+def test_a_micro_batch_shared_by_sequence_parallel_ranks_may_hold_a_longer_trajectory():
+    budget = ["trainer.micro_batch_tokens=2048", "actor.sequence_parallel=2"]
+    TrainConfig.load(None, [*budget, "rollout.max_total_tokens=4096"])
+    with pytest.raises(ConfigError, match=r"\(2048\) times actor.sequence_parallel \(2\) must"):
+        TrainConfig.load(None, [*budget, "rollout.max_total_tokens=8192"])
+
+
 @pytest.mark.parametrize("item", ["steps", "=3", "trainer..steps=3", "trainer.steps=[1"])
 def test_malformed_overrides_are_refused(item):
     with pytest.raises(ConfigError, match="override"):

@@ -378,29 +378,36 @@ def test_ctrl_c_stops_the_launcher_cleanly(tiny_policy_dir, tmp_path):
 
 
 async def test_two_processes_train_the_same_batch_to_the_same_loss(tiny_policy_dir, tmp_path):
-    """torchrun with 2 CPU ranks (gloo): rank 0 rolls out, both train; the first step's batch
-    is the same as one process's, so the loss and gradient norm must agree, to float32 rounding:
-    as far apart as step 1 in float32 is from float64 on this CPU, within ``FACTOR``."""
+    """torchrun with 2 CPU ranks (gloo): rank 0 rolls out, both train, each on half of the batch
+    or (``actor.sequence_parallel=2``) each on half of every micro-batch's tokens; the first
+    step's batch is the same as one process's, so the loss and gradient norm must agree, to
+    float32 rounding: as far apart as step 1 in float32 is from float64 on this CPU, within
+    ``FACTOR``."""
+    runs = {"one": (1, []), "two": (2, []), "sequence": (2, ["actor.sequence_parallel=2"])}
     losses = {}
-    for nproc in (1, 2):
-        out = tmp_path / f"n{nproc}"
-        config = write_config(tiny_policy_dir, out, tmp_path / f"{nproc}.yaml", "trainer.steps=2")
+    for name, (nproc, extra) in runs.items():
+        out = tmp_path / name
+        config = write_config(tiny_policy_dir, out, tmp_path / f"{name}.yaml", "trainer.steps=2")
         env = subprocess_env()
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         command += [f"--nproc_per_node={nproc}", "-m", "agentrl.cli", "train", str(config)]
-        result = run_torchrun(command, timeout=400, env=env, output_dir=out)
+        result = run_torchrun(command + extra, timeout=400, env=env, output_dir=out)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        losses[nproc] = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in losses[2]] == [1, 2]
-    # step 1 trains the same batch; later batches are sampled from weights that differ by rounding
-    one, two = losses[1][0], losses[2][0]
-    assert two["batch/tokens"] == one["batch/tokens"]
+        shared = "sequence parallel: 2 ranks per micro-batch, 1 data-parallel group"
+        assert (shared in result.stdout) == (name == "sequence")
+        losses[name] = read_metrics(out / "metrics.jsonl")
     rounding = await step_one_rounding(tiny_policy_dir, tmp_path / "reference")
-    term = max_loss_term(TrainConfig.load(tmp_path / "1.yaml"))  # the magnitude summed
+    term = max_loss_term(TrainConfig.load(tmp_path / "one.yaml"))  # the magnitude summed
     loss_atol = tolerance(rounding["train/loss"], term)
-    assert two["train/loss"] == pytest.approx(one["train/loss"], abs=loss_atol)
-    norm_atol = tolerance(rounding["train/grad_norm"], one["train/grad_norm"])
-    assert two["train/grad_norm"] == pytest.approx(one["train/grad_norm"], abs=norm_atol)
+    # step 1 trains the same batch; later batches are sampled from weights that differ by rounding
+    one = losses["one"][0]
+    for name in ("two", "sequence"):
+        assert [r["step"] for r in losses[name]] == [1, 2]
+        two = losses[name][0]
+        assert two["batch/tokens"] == one["batch/tokens"]
+        assert two["train/loss"] == pytest.approx(one["train/loss"], abs=loss_atol), name
+        norm_atol = tolerance(rounding["train/grad_norm"], one["train/grad_norm"])
+        assert two["train/grad_norm"] == pytest.approx(one["train/grad_norm"], abs=norm_atol)
     print(json.dumps({n: [r["train/loss"] for r in rows] for n, rows in losses.items()}))
 
 

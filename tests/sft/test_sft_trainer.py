@@ -227,22 +227,32 @@ def step_one_rounding(trainer: SFTTrainer) -> dict[str, float]:
     }
 
 
-def test_two_ranks_give_the_one_rank_loss(tiny_policy_dir, conversations, tmp_path, finished_run):
-    """torchrun with 2 CPU ranks (gloo): each rank packs half of the same batch; the loss is the
-    mean over the whole batch's loss tokens, so step 1 matches the one-process run's, to float32
-    rounding: as far apart as step 1 in float32 is from float64 on this CPU, within ``FACTOR``
-    (tests/float_tolerance.py)."""
+@pytest.mark.parametrize(
+    "split",
+    [[], ["actor.sequence_parallel=2"]],
+    ids=["data-parallel", "sequence-parallel"],
+)
+def test_two_ranks_give_the_one_rank_loss(
+    tiny_policy_dir, conversations, tmp_path, finished_run, split
+):
+    """torchrun with 2 CPU ranks (gloo): each rank packs half of the same batch, or (with
+    ``actor.sequence_parallel=2``) both share every micro-batch, each running the model on half
+    of its tokens; the loss is the mean over the whole batch's loss tokens, so step 1 matches the
+    one-process run's, to float32 rounding: as far apart as step 1 in float32 is from float64 on
+    this CPU, within ``FACTOR`` (tests/float_tolerance.py)."""
     out = tmp_path / "two"
     one = read_metrics(finished_run[2] / "metrics.jsonl")[0]
     config = tmp_path / "sft.yaml"
     config.write_text(finished_run[0].config.to_yaml())
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     command += ["-m", "agentrl.cli", "sft", str(config), f"trainer.output_dir={out}"]
-    command += ["trainer.steps=1", "trainer.export_hf=false"]
+    command += ["trainer.steps=1", "trainer.export_hf=false", *split]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = run_torchrun(command, timeout=300, env=env, output_dir=out)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (two,) = read_metrics(out / "metrics.jsonl")
+    shared = "sequence parallel: 2 ranks per micro-batch, 1 data-parallel group"
+    assert (shared in done.stdout) == bool(split)
     assert two["train/loss_tokens"] == one["train/loss_tokens"]
     rounding = step_one_rounding(finished_run[0])
     for key in ("train/loss", "train/grad_norm"):

@@ -103,4 +103,6 @@ def test_rllm_model_gateways_integration_tests_pass_against_agentrl_serve(rllm_v
     for message in (failed[STALE], on_mock[STALE][1]):
         # pytest drops the "AssertionError: " prefix or keeps it depending on how repr() quotes
         # the failed expression, that is on whether the model's reply holds an apostrophe
-        assert message.removeprefix("AssertionError: ").startswith("assert 'logprobs' in {"), message
+        assert message.removeprefix("AssertionError: ").startswith("assert 'logprobs' in {"), (
+            message
+        )
