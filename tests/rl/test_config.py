@@ -58,7 +58,7 @@ def test_sequence_parallelism_refuses_what_needs_whole_sequences(setting):
         TrainConfig.load(None, ["actor.sequence_parallel=2", setting])
     assert setting.split("=")[0] in str(info.value)
     TrainConfig.load(None, [setting])  # fine without it
-    with pytest.raises(ConfigError, match="critic.sequence_parallel is not supported"):
+    with pytest.raises(ConfigError, match=r"critic\.sequence_parallel is not supported"):
         TrainConfig.load(None, ["algorithm.advantage=gae", "critic.sequence_parallel=2"])
 
 
