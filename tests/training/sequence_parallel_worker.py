@@ -9,8 +9,8 @@ and sequences (seeded) and:
   (:func:`weighted_logprob_sum`), backward, and the gradients summed over the group;
 * ``actor``: an FSDP2 :class:`Actor` with ``sequence_parallel=2`` and activation checkpointing
   (the backward recomputes every layer, all-gathers included), one SFT step on
-  :func:`long_sequences` through ``Actor.micro_batches`` (one micro-batch of up to 2 x 8,192
-  tokens, so both ranks share it).
+  :func:`long_sequences` through ``Actor.micro_batches`` (one micro-batch of 4,096 tokens, up to
+  2 x 2,048, so both ranks share it).
 
 Rank 0 writes ``result.pt``: per shape the loss and gradients, and the actor's step report and
 full parameters. The test computes the same on one rank, the whole micro-batch at once.
@@ -45,8 +45,8 @@ SHAPES: dict[str, dict[str, Any]] = {
     # SmolLM2's head counts (9 and 3) are not divisible by 2 ranks; 3 and 1 are not either
     "odd_heads": {"heads": 3, "kv_heads": 1, "lengths": [1500, 1001, 500]},
 }
-ACTOR_LENGTHS = [9000, 4000, 3384]  # 16,384 tokens
-ACTOR_MAX_TOKENS = 8192  # per rank: the 16k micro-batch is longer than one rank's budget
+ACTOR_LENGTHS = [2000, 1500, 596]  # 4,096 tokens (the 16k case is the attention job's)
+ACTOR_MAX_TOKENS = 2048  # per rank: the micro-batch is longer than one rank's budget
 
 
 def random_llama(heads: int, kv_heads: int) -> LlamaForCausalLM:

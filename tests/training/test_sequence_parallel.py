@@ -153,7 +153,7 @@ def test_an_actor_step_over_two_ranks_sharing_each_micro_batch_is_one_ranks_step
     two_ranks: dict[str, Any], dist_info: DistInfo
 ) -> None:
     """``Actor`` with ``sequence_parallel=2`` and activation checkpointing: one micro-batch of
-    16,384 tokens (each rank's budget is 8,192) shared by both ranks; the step's report and the
+    4,096 tokens (each rank's budget is 2,048) shared by both ranks; the step's report and the
     updated weights are one rank's step on the whole micro-batch."""
     mine = two_ranks["actor"]
     assert mine["micro_batches"] == 1
