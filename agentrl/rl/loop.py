@@ -78,6 +78,7 @@ from agentrl.rollout.mixture import EnvMixture
 from agentrl.rollout.runner import EpisodeRunner, Runner
 from agentrl.rollout.stream import Group, RolloutStream
 from agentrl.training.actor import Actor
+from agentrl.training.attention import use_trainer_attention
 from agentrl.training.checkpoint import CheckpointManager, export_hf, resume_from
 from agentrl.training.distributed import distributed
 from agentrl.training.memory import peak_memory_metrics
@@ -85,7 +86,6 @@ from agentrl.training.metrics import MetricsLogger
 from agentrl.training.plots import DEFAULT_KEYS as DEFAULT_CURVES
 from agentrl.training.plots import plot_curves
 from agentrl.training.progress import DEFAULT_PROGRESS_KEYS, TrainProgress
-from agentrl.training.sequence_parallel import use_sequence_parallel_attention
 
 STOP = "stop"
 
@@ -179,7 +179,7 @@ class Trainer:
         self.actor = Actor(model, cfg.actor, dist_info=self.dist)
         if self.actor.sequence_parallel.size > 1:
             if reference is not None:  # it scores the same shared micro-batches
-                use_sequence_parallel_attention(reference)
+                use_trainer_attention(reference)
             if self.is_main:
                 self.console.print(self.actor.sequence_parallel.describe())
         self.objective = Objective(

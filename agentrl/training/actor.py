@@ -44,16 +44,13 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from agentrl.config import Config
+from agentrl.training.attention import use_trainer_attention
 from agentrl.training.distributed import DistInfo, all_reduce_sum, current_dist_info
 from agentrl.training.distributed import data_parallel_mesh as make_mesh
 from agentrl.training.fp8_training import FP8Recipe, after_optimizer_step, convert_to_fp8_training
 from agentrl.training.optim import LRSchedule, build_adamw, build_lr_scheduler
 from agentrl.training.packing import PackedMicroBatch, SequenceLike, pack_for_rank
-from agentrl.training.sequence_parallel import (
-    SequenceParallel,
-    sequence_parallel_layout,
-    use_sequence_parallel_attention,
-)
+from agentrl.training.sequence_parallel import SequenceParallel, sequence_parallel_layout
 
 B = TypeVar("B")
 Scalar = torch.Tensor | float
@@ -237,8 +234,9 @@ class Actor:
             self.dist, self.config.sequence_parallel
         )
         """Which share of each batch this rank trains on, and which slice of each micro-batch."""
-        if self.sequence_parallel.size > 1:
-            use_sequence_parallel_attention(model)
+        implementation = getattr(model.config, "_attn_implementation", None)
+        if implementation == "sdpa" or self.sequence_parallel.size > 1:
+            use_trainer_attention(model)  # one float mask per forward; the gather of SP
         self.model = shard_model(model, self.mesh, self.config)
         self.model.train()
         cfg = self.config

@@ -49,13 +49,14 @@ from torch.nn.utils.rnn import pad_sequence
 from agentrl.algorithms.losses import entropy_from_logits
 from agentrl.engine_pool.sampling import logprob_temperature, temperature_logprobs
 from agentrl.tokenization.trajectory import TokenTrajectory
+from agentrl.training.attention import ATTENTION
 from agentrl.training.chunked_logprobs import (
     chunked_token_scores,
     final_hidden_states,
     output_head,
 )
 from agentrl.training.micro_batches import Plan, balance_across_ranks, plan_micro_batches
-from agentrl.training.sequence_parallel import ATTENTION, SequenceParallel, SequenceShard
+from agentrl.training.sequence_parallel import SequenceParallel, SequenceShard
 
 SequenceLike = TokenTrajectory | Mapping[str, Any]
 """A trajectory, or a mapping with per-token ``input_ids``, ``loss_mask`` and any other columns."""
@@ -298,7 +299,7 @@ def packed_scores(
         if implementation != ATTENTION:
             raise ValueError(
                 f"a sequence-parallel micro-batch needs the model's attention to be {ATTENTION!r}"
-                f" (agentrl.training.sequence_parallel.use_sequence_parallel_attention), not "
+                f" (agentrl.training.attention.use_trainer_attention), not "
                 f"{implementation!r}"
             )
         inputs, offset = shard.model_inputs(batch.input_ids, batch.position_ids), shard.start

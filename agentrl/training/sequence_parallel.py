@@ -7,8 +7,9 @@ scale with ``T / P``. Attention is the only step that needs other tokens; there 
 all-gathers the keys and values of the whole sequence (after the rotary embedding, which each
 rank applies to its own tokens at their true positions) and attends its own queries to them under
 the packed causal mask, a ``(T / P) x T`` block of the full ``T x T`` one. In the backward the
-all-gather becomes a reduce-scatter of the keys' and values' gradients (torch's functional
-``all_gather_single``, differentiable; gloo and nccl alike).
+all-gather becomes a reduce-scatter of the keys' and values' gradients
+(:mod:`agentrl.training.attention`: torch's differentiable ``all_gather_single``, gloo and nccl
+alike).
 
 Why this scheme and not Ulysses' all-to-all over heads (verl, slime): Ulysses needs the number of
 attention heads, and of key/value heads, divisible by ``P``; SmolLM2-135M has 9 and 3, so 2 ranks
@@ -30,10 +31,10 @@ values. Losses that need a whole sequence on one rank (sequence-mean aggregation
 ratios, a critic's values) are refused by the RL config. Every rank of a group runs the same
 forwards in the same order (each all-gather is a collective).
 
-The model must use :data:`ATTENTION` (:func:`use_sequence_parallel_attention`): torch's
-scaled-dot-product attention as transformers' ``"sdpa"`` runs it, with the gather in front. Given
-no shard it is ``"sdpa"`` exactly (the same mask function, the same call), so one model serves both
-sharded and whole micro-batches.
+The model must use the trainer's attention (:func:`~agentrl.training.attention.use_trainer_attention`,
+which :class:`~agentrl.training.actor.Actor` applies to sdpa models): transformers' ``"sdpa"`` with
+the gather in front when a group is passed, so one model serves both sharded and whole
+micro-batches.
 """
 
 from __future__ import annotations
@@ -43,18 +44,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed._functional_collectives import all_gather_single
-from transformers import AttentionInterface, PreTrainedModel
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from agentrl.training.attention import GROUP_KWARG
 from agentrl.training.distributed import DistInfo
-
-ATTENTION = "agentrl_sequence_parallel"
-"""The attention implementation name of a model prepared for sequence parallelism."""
-GROUP_KWARG = "sequence_parallel_group"
-"""The forward keyword that carries the group down to the attention layers."""
 
 
 @dataclass(frozen=True)
@@ -133,35 +125,3 @@ def shard_mask(position_ids: torch.Tensor, start: int, end: int) -> torch.Tensor
     queries = keys[start:end, None]
     same = sequence[start:end, None] == sequence[None, :]
     return (same & (keys[None, :] <= queries))[None, None]
-
-
-def sequence_parallel_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Transformers' ``"sdpa"`` attention, over the whole sequence's keys and values when a
-    sequence-parallel group is passed (``query`` ``(B, H, T / P, D)``; ``key`` and ``value``
-    ``(B, KV, T / P, D)`` are all-gathered along the sequence, differentiably)."""
-    group = kwargs.pop(GROUP_KWARG, None)
-    if group is not None:
-        key = all_gather_single(key, 2, group)
-        value = all_gather_single(value, 2, group)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-def use_sequence_parallel_attention(model: PreTrainedModel) -> PreTrainedModel:
-    """Switch ``model`` to :data:`ATTENTION` (in place; returns it). Only models that run
-    attention through transformers' attention interface with a ``"sdpa"`` option qualify
-    (Llama, Qwen, Mistral, ...)."""
-    AttentionInterface.register(ATTENTION, sequence_parallel_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
-    if not getattr(model, "_supports_sdpa", False):
-        raise ValueError(
-            f"{type(model).__name__} has no sdpa attention, which sequence parallelism wraps"
-        )
-    model.set_attn_implementation(ATTENTION)
-    return model

@@ -29,12 +29,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl.sft.trainer import nll_loss
 from agentrl.training.actor import Actor, ActorConfig
+from agentrl.training.attention import use_trainer_attention
 from agentrl.training.distributed import current_dist_info, distributed
 from agentrl.training.packing import PackedMicroBatch, pack, packed_scores
-from agentrl.training.sequence_parallel import (
-    sequence_parallel_layout,
-    use_sequence_parallel_attention,
-)
+from agentrl.training.sequence_parallel import sequence_parallel_layout
 
 VOCAB = 512
 TEMPERATURE = 0.7
@@ -100,7 +98,7 @@ def attention_job() -> dict[str, Any]:
     layout = sequence_parallel_layout(info, info.world_size)
     results = {}
     for name, shape in SHAPES.items():
-        model = use_sequence_parallel_attention(random_llama(shape["heads"], shape["kv_heads"]))
+        model = use_trainer_attention(random_llama(shape["heads"], shape["kv_heads"]))
         view = whole_batch(shape["lengths"]).split(layout)
         loss = weighted_logprob_sum(model, view)
         loss.backward()

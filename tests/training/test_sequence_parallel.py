@@ -31,13 +31,13 @@ from torchrun_jobs import run_torchrun
 
 from agentrl.sft.trainer import nll_loss
 from agentrl.training.actor import Actor, ActorConfig
+from agentrl.training.attention import use_trainer_attention
 from agentrl.training.distributed import DistInfo
 from agentrl.training.packing import FILLER, pack, packed_scores
 from agentrl.training.sequence_parallel import (
     SequenceParallel,
     sequence_parallel_layout,
     shard_mask,
-    use_sequence_parallel_attention,
 )
 
 WORKER = Path(__file__).with_name("sequence_parallel_worker.py")
@@ -87,7 +87,7 @@ def test_a_model_not_switched_to_sequence_parallel_attention_is_refused(
 ) -> None:
     (batch,) = pack(long_sequences([6, 4]), 10)
     view = batch.split(SequenceParallel(2, 0, torch.distributed.group.WORLD, 0, 1))
-    with pytest.raises(ValueError, match="agentrl_sequence_parallel"):
+    with pytest.raises(ValueError, match="agentrl_sdpa"):
         packed_scores(random_llama(4, 2), view, 1.0)
 
 
@@ -96,7 +96,7 @@ def test_without_a_shard_the_sequence_parallel_model_is_the_sdpa_model(
 ) -> None:
     batch = whole_batch([40, 25, 7])
     plain = weighted_logprob_sum(random_llama(4, 2), batch)
-    switched = weighted_logprob_sum(use_sequence_parallel_attention(random_llama(4, 2)), batch)
+    switched = weighted_logprob_sum(use_trainer_attention(random_llama(4, 2)), batch)
     assert torch.equal(plain, switched)
 
 
