@@ -11,6 +11,12 @@ sequence (AdamW's state exists from then on; the peak covers both), each configu
 3. **chunked + SP 2**: two ranks, ``actor.sequence_parallel=2`` (each runs the model on ``T / 2``
    tokens, FSDP2 shards the weights and optimizer state over both).
 
+Two more (``--variants packed-sdpa,packed``) put 16 sequences of ``T / 16`` tokens in the one
+micro-batch, as an RL batch is packed, where attention needs a ``T x T`` mask: **packed-sdpa** runs
+transformers' ``"sdpa"`` as the trainer did before :mod:`agentrl.training.attention` (the
+:class:`Actor`'s switch to it turned off: the baseline), **packed** the trainer's attention, which
+keeps one float copy of the mask for the backward instead of one per layer.
+
 ``--checkpointing`` turns ``actor.activation_checkpointing`` on for all three.
 
 Memory is each rank's peak RSS (``ru_maxrss``), the largest over ranks, and its part above the
@@ -26,13 +32,14 @@ bytes a number), per rank of ``P``:
   and one layer's activations exist at a time;
 * logits: five ``(T / P) x V`` float32 copies unchunked (logits, scaled copy, log-softmax, the
   entropy's, the gradient), three ``chunk x V`` chunked;
-* the packed attention mask, ``(T / P) x T`` booleans, with sequence parallelism.
+* the attention mask with sequence parallelism or packing, ``(T / P) x T`` booleans and one float
+  copy (5 bytes an entry; transformers' sdpa keeps a float copy per layer, not counted).
 
 The bound leaves out the allocator's slack, the Python runtime and libraries (the ``base`` RSS
 column shows them) and temporaries of a single op.
 
     python -m bench.bench_training_memory [--tokens 1024,2048,4096,8192] [--layers 30]
-        [--checkpointing] [--variants unchunked,chunked,sp2]
+        [--checkpointing] [--variants unchunked,chunked,sp2 | packed-sdpa,packed]
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import agentrl.training.actor as actor_module
 from agentrl.models import cpu_name, load_model
 from agentrl.sft.trainer import nll_loss
 from agentrl.training.actor import Actor, ActorConfig
@@ -61,8 +69,17 @@ VARIANTS = {
     "unchunked": {"ranks": 1, "chunk": 0, "sequence_parallel": 1},
     "chunked": {"ranks": 1, "chunk": CHUNK, "sequence_parallel": 1},
     "sp2": {"ranks": 2, "chunk": CHUNK, "sequence_parallel": 2},
+    "packed-sdpa": {"ranks": 1, "chunk": CHUNK, "sequence_parallel": 1, "packed": True},
+    "packed": {"ranks": 1, "chunk": CHUNK, "sequence_parallel": 1, "packed": True},
 }
-NAMES = {"unchunked": "unchunked", "chunked": "chunked", "sp2": "chunked + SP 2"}
+NAMES = {
+    "unchunked": "unchunked",
+    "chunked": "chunked",
+    "sp2": "chunked + SP 2",
+    "packed-sdpa": "16 packed, sdpa",
+    "packed": "16 packed",
+}
+PACKED = 16
 
 
 def rss_bytes() -> int:
@@ -84,13 +101,15 @@ def analytic_gb(config, params: int, tokens: int, variant: str, checkpointing: b
     else:
         activations = 4 * local * layers * per_layer
     logits = 4 * config.vocab_size * (5 * local if spec["chunk"] == 0 else 3 * CHUNK)
-    mask = local * tokens if spec["sequence_parallel"] > 1 else 0
+    mask = local * tokens * 5 if spec["sequence_parallel"] > 1 or spec.get("packed") else 0
     return (state + activations + logits + mask) / GB
 
 
 def child(args: argparse.Namespace) -> None:
     """One configuration, as one rank of a torchrun job; rank 0 prints the JSON result."""
     spec = VARIANTS[args.variant]
+    if args.variant == "packed-sdpa":  # the baseline: the model keeps transformers' sdpa
+        actor_module.use_trainer_attention = lambda model: model
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // spec["ranks"]))
     with distributed() as info:
         model = load_model(args.model, dtype="float32")
@@ -108,10 +127,13 @@ def child(args: argparse.Namespace) -> None:
         )
         actor = Actor(model, actor_config, dist_info=info)
         generator = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, config.vocab_size, (args.t,), generator=generator)
-        mask = torch.ones(args.t, dtype=torch.bool)
-        mask[0] = False
-        rows = [{"input_ids": ids, "loss_mask": mask}]
+        count = PACKED if spec.get("packed") else 1
+        rows = []
+        for _ in range(count):
+            ids = torch.randint(0, config.vocab_size, (args.t // count,), generator=generator)
+            mask = torch.ones(args.t // count, dtype=torch.bool)
+            mask[0] = False
+            rows.append({"input_ids": ids, "loss_mask": mask})
         micro_batches = actor.micro_batches(rows, args.t)
         chunk = spec["chunk"]
         base = rss_bytes()
@@ -188,7 +210,7 @@ def words(text: str) -> list[str]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=lambda t: [int(x) for x in t.split(",")])
-    parser.add_argument("--variants", type=words, default=list(VARIANTS))
+    parser.add_argument("--variants", type=words, default=["unchunked", "chunked", "sp2"])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--checkpointing", action="store_true")

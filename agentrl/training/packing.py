@@ -21,8 +21,11 @@ Guaranteed:
 
 Not guaranteed: cheap attention. Eager and sdpa get a dense ``T x T`` mask, so their attention
 costs grow with ``T^2`` (and eager keeps the weights for the backward), not with the sum of the
-squared sequence lengths; keep ``max_tokens`` near the longest sequence there. Flash and flex
-attention skip the masked blocks.
+squared sequence lengths; keep ``max_tokens`` near the longest sequence there (SmolLM2's GRPO demo
+step on the CPU: 4,096 -> 1,024 took its training from 61 s to 39 s). Flash and flex attention
+skip the masked blocks. The trainer's sdpa (:mod:`agentrl.training.attention`, which
+:class:`~agentrl.training.actor.Actor` applies) keeps one float copy of the mask for the
+backward, not one per layer.
 
 Losses: sums over tokens work on the packed ``(1, T)`` tensors directly (fillers and first tokens
 have loss mask 0); per-sequence reductions (the sequence-mean modes of
