@@ -11,6 +11,11 @@ Registered with transformers as :data:`ATTENTION` (:func:`use_trainer_attention`
   mask). Here the first layer makes the additive form (0 where allowed, ``-inf`` elsewhere, in
   the query's dtype) and caches it on the mask, so every layer, and activation checkpointing's
   recompute, share one copy. Same numbers: sdpa makes the same conversion itself.
+* **Grouped-query attention under a mask, on the CPU.** With a mask, transformers repeats the key
+  and value heads to the query heads before sdpa (the masked CUDA kernels lack GQA), and the
+  backward keeps the repeated copies: for SmolLM2 (9 query, 3 key/value heads) three times the
+  keys' and values' memory in every layer. Torch's CPU flash kernel takes the groups as they are
+  (``enable_gqa``), so on the CPU they are passed unrepeated. Same numbers (tested).
 * **Sequence parallelism.** Given a process group (the :data:`GROUP_KWARG` forward keyword,
   :mod:`agentrl.training.sequence_parallel`), the keys and values of this rank's slice are
   all-gathered along the sequence first (torch's differentiable ``all_gather_single``: a
@@ -22,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed._functional_collectives import all_gather_single
 from transformers import AttentionInterface, PreTrainedModel
@@ -52,6 +58,21 @@ def trainer_attention(
         value = all_gather_single(value, 2, group)
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         attention_mask = additive_mask(attention_mask, query.dtype)
+    grouped = key.shape[1] < query.shape[1] and kwargs.get("position_bias") is None
+    if attention_mask is not None and query.device.type == "cpu" and grouped:
+        # grouped-query attention under a mask: transformers repeats the keys and values to every
+        # head (the masked CUDA kernels lack GQA), and the backward keeps the repeated copies;
+        # torch's CPU flash kernel takes the groups as they are
+        output = F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=kwargs.get("dropout", 0.0),
+            scale=kwargs.get("scaling"),
+            enable_gqa=True,
+        )
+        return output.transpose(1, 2).contiguous(), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
