@@ -25,7 +25,7 @@ from agentrl.rollout.agent import AgentConfig
 from agentrl.rollout.mixture import EnvConfig
 from agentrl.rollout.runner import RolloutConfig
 from agentrl.rollout.stream import StreamConfig
-from agentrl.training.actor import ActorConfig
+from agentrl.training.actor import ActorConfig, check_micro_batch_budget
 
 
 class TrainerConfig(Config):
@@ -96,14 +96,13 @@ class TrainConfig(RunConfig):
                 f"{keys} set with algorithm.advantage={self.algorithm.advantage}, which trains "
                 "no critic; set algorithm.advantage=gae or remove the critic section"
             )
-        shared = self.actor.sequence_parallel
-        if self.trainer.micro_batch_tokens * shared < self.rollout.max_total_tokens:
-            times = f" times actor.sequence_parallel ({shared})" if shared > 1 else ""
-            raise ValueError(
-                f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}){times} must be "
-                f"at least rollout.max_total_tokens ({self.rollout.max_total_tokens}): a "
-                "trajectory cannot be split across micro-batches"
-            )
+        check_micro_batch_budget(
+            self.trainer.micro_batch_tokens,
+            self.actor.sequence_parallel,
+            self.rollout.max_total_tokens,
+            "rollout.max_total_tokens",
+            "trajectory",
+        )
         self._check_sequence_parallel()
         if self.agent.entry is not None and self.env.mix:
             raise ValueError(

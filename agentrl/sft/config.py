@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from agentrl.config import Config, ConfigError, RunConfig, config_reference, reference_markdown
 from agentrl.models import ModelConfig
-from agentrl.training.actor import ActorConfig
+from agentrl.training.actor import ActorConfig, check_micro_batch_budget
 
 
 class DataConfig(Config):
@@ -91,14 +91,13 @@ class SFTConfig(RunConfig):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        shared = self.actor.sequence_parallel
-        if self.trainer.micro_batch_tokens * shared < self.data.max_tokens:
-            times = f" times actor.sequence_parallel ({shared})" if shared > 1 else ""
-            raise ValueError(
-                f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}){times} must be "
-                f"at least data.max_tokens ({self.data.max_tokens}): a conversation cannot be "
-                "split across micro-batches"
-            )
+        check_micro_batch_budget(
+            self.trainer.micro_batch_tokens,
+            self.actor.sequence_parallel,
+            self.data.max_tokens,
+            "data.max_tokens",
+            "conversation",
+        )
         if self.data.val_path is not None and self.data.val_fraction:
             raise ValueError("give data.val_path or data.val_fraction, not both")
         return self

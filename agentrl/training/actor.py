@@ -159,6 +159,22 @@ class ActorConfig(Config):
         return self
 
 
+def check_micro_batch_budget(
+    micro_batch_tokens: int, sequence_parallel: int, longest: int, longest_key: str, unit: str
+) -> None:
+    """Raise ``ValueError`` unless a micro-batch (``trainer.micro_batch_tokens`` per rank, times
+    the ``sequence_parallel`` ranks that share it) holds the longest ``unit`` (``longest`` tokens,
+    the config key ``longest_key``): a sequence is never split across micro-batches."""
+    if micro_batch_tokens * sequence_parallel < longest:
+        times = (
+            f" times actor.sequence_parallel ({sequence_parallel})" if sequence_parallel > 1 else ""
+        )
+        raise ValueError(
+            f"trainer.micro_batch_tokens ({micro_batch_tokens}){times} must be at least "
+            f"{longest_key} ({longest}): a {unit} cannot be split across micro-batches"
+        )
+
+
 def mixed_precision_policy(config: ActorConfig, device: torch.device) -> MixedPrecisionPolicy:
     """The FSDP2 policy for ``config.mixed_precision`` on ``device`` (see :class:`ActorConfig`)."""
     mode = config.mixed_precision

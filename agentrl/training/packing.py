@@ -150,15 +150,10 @@ class PackedMicroBatch:
             raise ValueError("split() takes a whole micro-batch and a layout with a group")
         batch = self._padded((-self.n_tokens) % layout.size)
         width = batch.n_tokens // layout.size
-        start, end = layout.rank * width, (layout.rank + 1) * width
-        scored_here = torch.zeros_like(batch.loss_mask)
-        scored_here[0, start + 1 : end + 1] = True
-        loss_mask = batch.loss_mask & scored_here
+        shard = SequenceShard(layout.rank * width, (layout.rank + 1) * width, layout.group)
+        loss_mask = batch.loss_mask & shard.scored(batch.n_tokens, batch.loss_mask.device)
         return dataclasses.replace(
-            batch,
-            loss_mask=loss_mask,
-            n_loss_tokens=int(loss_mask.sum()),
-            shard=SequenceShard(start, end, layout.group),
+            batch, loss_mask=loss_mask, n_loss_tokens=int(loss_mask.sum()), shard=shard
         )
 
     def _padded(self, length: int) -> PackedMicroBatch:
@@ -306,9 +301,7 @@ def packed_scores(
                 f"{implementation!r}"
             )
         inputs, offset = shard.model_inputs(batch.input_ids, batch.position_ids), shard.start
-        here = torch.zeros_like(wanted)
-        here[shard.start + 1 : shard.end + 1] = True
-        wanted = wanted & here
+        wanted = wanted & shard.scored(len(wanted), wanted.device)
     scored = wanted.nonzero().squeeze(-1)  # (K,)
     targets = batch.input_ids[0, scored]  # (K,)
     if chunk_tokens:

@@ -115,6 +115,13 @@ class SequenceShard:
             "use_cache": False,
         }
 
+    def scored(self, length: int, device: torch.device) -> torch.Tensor:
+        """``(length,)`` bool: the tokens this rank scores, those whose predecessor is in its
+        slice (``[start + 1, end + 1)``)."""
+        here = torch.zeros(length, dtype=torch.bool, device=device)
+        here[self.start + 1 : self.end + 1] = True
+        return here
+
 
 def shard_mask(position_ids: torch.Tensor, start: int, end: int) -> torch.Tensor:
     """``(1, 1, end - start, T)`` bool: query ``q`` (global index ``start + q``) may attend key
