@@ -61,8 +61,8 @@ test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -m serial
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentrl tests bench
-	$(BIN)/ruff format --check agentrl tests bench
+	$(BIN)/ruff check agentrl tests bench scripts/gpu-proof
+	$(BIN)/ruff format --check agentrl tests bench scripts/gpu-proof
 	$(BIN)/mypy agentrl
 	$(BIN)/lint-imports --no-cache
 

@@ -10,6 +10,11 @@ first engine differs from the trainer by bf16 kernels, the second by those and t
 
     python -m bench.bench_fp8_mismatch [--prompts 16] [--max-new-tokens 64]
     python -m bench.bench_fp8_mismatch --device cuda --dtype bfloat16
+    python -m bench.bench_fp8_mismatch --model DIR --weights as-trained --json out.json
+
+``--model`` takes a model directory instead of SmolLM2 (``scripts/gpu-proof`` passes one with random
+weights, since a lent GPU cannot reach SmolLM2's); ``--weights`` runs one engine only; ``--json``
+writes the numbers to a file.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import json
+from pathlib import Path
 
 import torch
 
@@ -24,6 +31,8 @@ from agentrl.engine_pool import LocalEngine, SamplingParams
 from agentrl.models import load_model, load_tokenizer
 from agentrl.training.logprobs import logprob_mismatch
 
+AS_TRAINED, FP8 = "engine weights as trained", "FP8 rollout weights"
+WEIGHTS = {AS_TRAINED: "as-trained", FP8: "fp8"}
 QUESTIONS = [
     "What is {a} + {b}? Answer with the number.",
     "Write a haiku about the number {a}.",
@@ -72,16 +81,18 @@ async def measure(trainer: torch.nn.Module, engine: LocalEngine, inputs, args) -
 
 
 async def main(args: argparse.Namespace) -> None:
-    tokenizer = load_tokenizer("smollm2")
-    trainer = load_model("smollm2", dtype="float32").eval()
+    tokenizer = load_tokenizer(args.model)
+    trainer = load_model(args.model, dtype="float32").eval()
     inputs = prompts(tokenizer, args.prompts)
-    where = f"SmolLM2 engines in {args.dtype} on {args.device}, trainer in float32 on the CPU"
+    where = f"{args.model} engines in {args.dtype} on {args.device}, trainer in float32 on the CPU"
     print(f"{where}; {args.prompts} prompts x {args.max_new_tokens} tokens at T = 1")
     rows = {}
-    for name, fp8 in (("engine weights as trained", False), ("FP8 rollout weights", True)):
+    for name, fp8 in WEIGHTS.items():
+        if fp8 not in args.weights:
+            continue
         model = copy.deepcopy(trainer).to(getattr(torch, args.dtype))
         async with LocalEngine(
-            model, tokenizer=tokenizer, fp8_weights=fp8, device=args.device
+            model, tokenizer=tokenizer, fp8_weights=fp8 == "fp8", device=args.device
         ) as engine:
             rows[name] = await measure(trainer, engine, inputs, args)
         row = rows[name]
@@ -90,14 +101,28 @@ async def main(args: argparse.Namespace) -> None:
             f"{row['max_abs']:.2e}  ({row['tokens']} tokens)",
             flush=True,
         )
-    base, fp8_row = rows["engine weights as trained"], rows["FP8 rollout weights"]
-    print(f"FP8 / as trained, mean |Δ log p| = {fp8_row['mean_abs'] / base['mean_abs']:.0f}x")
+    if len(rows) == 2:
+        base, fp8_row = rows[AS_TRAINED], rows[FP8]
+        print(f"FP8 / as trained, mean |Δ log p| = {fp8_row['mean_abs'] / base['mean_abs']:.0f}x")
+    if args.json:
+        device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+        record = {"model": str(args.model), "device": device, "dtype": args.dtype, "rows": rows}
+        Path(args.json).write_text(json.dumps(record, indent=1))
 
 
-if __name__ == "__main__":
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--model", default="smollm2", help="smollm2 or a model directory")
+    parser.add_argument(
+        "--weights", nargs="+", choices=list(WEIGHTS.values()), default=list(WEIGHTS.values())
+    )
+    parser.add_argument("--json", type=Path, help="write the numbers to this file")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

@@ -23,7 +23,9 @@ Needs torchao (``pip install 'agentrl[gpu]'``; on the CPU, run it with ``.venv-t
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -106,10 +108,16 @@ def run_mode(mode: str, args: argparse.Namespace, device: torch.device) -> dict[
         f"loss {losses[0]:.4f} -> {losses[-1]:.4f}  peak memory {memory:.1f} GiB",
         flush=True,
     )
-    return {"tokens_per_s": tokens_per_s, "mfu": mfu}
+    return {
+        "tokens_per_s": tokens_per_s,
+        "mfu": mfu,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "peak_memory_gib": memory,
+    }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), default="1b")
     parser.add_argument("--modes", nargs="+", default=["bf16", "tensorwise", "rowwise"])
@@ -120,12 +128,23 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--emulate", action="store_true", help="torchao's FP8 emulation (CPU)")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="write the numbers to this file")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     with distributed() as info:
         device = info.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         print(f"{args.config} Llama on {name}: batch {args.batch} x {args.seq_len} tokens")
-        results = {mode: run_mode(mode, args, device) for mode in args.modes}
+        results = {}
+        for mode in args.modes:
+            results[mode] = run_mode(mode, args, device)
+            if args.json:  # after every mode: a later one may not finish in time
+                record = {"device": name, "config": args.config, "batch": args.batch}
+                record |= {"seq_len": args.seq_len, "compile": args.compile, "modes": results}
+                Path(args.json).write_text(json.dumps(record, indent=1))
     if "bf16" in results:
         base = results["bf16"]["tokens_per_s"]
         for mode, result in results.items():

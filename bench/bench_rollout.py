@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -150,9 +152,21 @@ async def main(args: argparse.Namespace) -> None:
     )
     print(f"async / turn-synchronous      = {asyn / sync:.2f}x  (target >= 3x)")
     print(f"async / engine alone          = {asyn / alone:.2f}   (target >= 0.8)")
+    if args.json:
+        device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+        record = {
+            "device": device,
+            "model": str(args.model),
+            "dtype": args.dtype,
+            "episodes": args.episodes,
+            "tokens_per_s": rates,
+            "async_over_sync": asyn / sync,
+            "async_over_engine_alone": asyn / alone,
+        }
+        Path(args.json).write_text(json.dumps(record, indent=1))
 
 
-if __name__ == "__main__":
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, default=48)
     parser.add_argument("--turns", type=int, default=3)
@@ -163,4 +177,9 @@ if __name__ == "__main__":
     parser.add_argument("--model", default="smollm2", help="smollm2 or a model directory")
     parser.add_argument("--random-weights", action="store_true")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--json", type=Path, help="write the numbers to this file")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
