@@ -153,7 +153,8 @@ class Trainer:
 
     async def setup(self) -> None:
         cfg = self.config
-        self.dist = self._group.enter_context(distributed())
+        offload = "cpu" in (cfg.actor.offload, cfg.critic.offload)
+        self.dist = self._group.enter_context(distributed(cpu_collectives=offload))
         self.is_main = self.dist.is_main
         _seed_everything(cfg.trainer.seed + self.dist.rank)
         await self._check_env()

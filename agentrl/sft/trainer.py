@@ -130,7 +130,8 @@ class SFTTrainer:
 
     def setup(self) -> None:
         cfg = self.config
-        self.dist = self._group.enter_context(distributed())
+        offload = cfg.actor.offload == "cpu"
+        self.dist = self._group.enter_context(distributed(cpu_collectives=offload))
         self.is_main = self.dist.is_main
         _seed_everything(cfg.trainer.seed + self.dist.rank)
         self.checkpoints = CheckpointManager(

@@ -39,13 +39,23 @@ from pydantic import Field, model_validator
 from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from agentrl.config import Config
 from agentrl.training.attention import use_trainer_attention
-from agentrl.training.distributed import DistInfo, all_reduce_sum, current_dist_info
+from agentrl.training.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    current_dist_info,
+    group_backends,
+)
 from agentrl.training.distributed import data_parallel_mesh as make_mesh
 from agentrl.training.fp8_training import FP8Recipe, after_optimizer_step, convert_to_fp8_training
 from agentrl.training.optim import LRSchedule, build_adamw, build_lr_scheduler
@@ -108,6 +118,14 @@ class ActorConfig(Config):
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     """``"bf16"``: bfloat16 compute, float32 master weights and gradient reduction; ``"fp32"``: float32
     throughout; ``"auto"``: ``"bf16"`` on CUDA, ``"fp32"`` on CPU."""
+    offload: Literal["off", "cpu"] = "off"
+    """``"cpu"``: the sharded parameters, their gradients and AdamW's state live in CPU memory
+    (pinned) and the optimizer step runs on the CPU (FSDP2's ``CPUOffloadPolicy``); each layer's
+    parameters are copied to the GPU for its forward and backward. GPU memory falls by about 16
+    bytes per parameter (float32 weights, gradients and both moments) divided by the ranks, at
+    the price of a host-device copy of every layer's weights and gradients each micro-batch and
+    an optimizer step at CPU speed. The process group gets gloo for CPU tensors beside nccl
+    (``cuda:nccl,cpu:gloo``). CUDA only: on the CPU everything is in CPU memory already."""
     reshard_after_forward: bool = True
     """Free each layer's gathered parameters after its forward (gather again in backward); ``False``
     keeps them, trading memory for one all-gather per layer less."""
@@ -175,6 +193,24 @@ def check_micro_batch_budget(
         )
 
 
+def check_offload(config: ActorConfig, info: DistInfo) -> None:
+    """Raise ``ValueError`` if ``actor.offload`` cannot work in this process group."""
+    if config.offload == "off":
+        return
+    if info.device.type != "cuda":
+        raise ValueError(
+            "actor.offload='cpu' moves parameters, gradients and optimizer state from GPU to CPU "
+            "memory; this trainer runs on the CPU, where they are in CPU memory already: leave "
+            "it 'off'"
+        )
+    if "cpu" not in group_backends():
+        raise ValueError(
+            f"actor.offload='cpu' needs a process group that also runs CPU collectives; this "
+            f"one is {dist.get_backend()!r}: make it with "
+            "init_distributed(cpu_collectives=True) (agentrl train and sft do)"
+        )
+
+
 def mixed_precision_policy(config: ActorConfig, device: torch.device) -> MixedPrecisionPolicy:
     """The FSDP2 policy for ``config.mixed_precision`` on ``device`` (see :class:`ActorConfig`)."""
     mode = config.mixed_precision
@@ -205,6 +241,7 @@ def shard_model(model: PreTrainedModel, mesh: DeviceMesh, config: ActorConfig) -
     """
     device = torch.device(mesh.device_type)
     policy = mixed_precision_policy(config, device)
+    offload = CPUOffloadPolicy() if config.offload == "cpu" else OffloadPolicy()
     convert_to_fp8_training(  # before sharding: torchao's requirement
         model,
         config.fp8,
@@ -220,11 +257,14 @@ def shard_model(model: PreTrainedModel, mesh: DeviceMesh, config: ActorConfig) -
             layer,
             mesh=mesh,
             mp_policy=policy,
+            offload_policy=offload,
             reshard_after_forward=config.reshard_after_forward,
         )
     # The root's own parameters (embeddings, final norm, lm_head) are needed right after the last
     # layer's forward anyway, so the root never reshards after forward.
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(
+        model, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=False
+    )
     return model
 
 
@@ -245,6 +285,7 @@ class Actor:
     ) -> None:
         self.config = config or ActorConfig()
         self.dist = dist_info or current_dist_info()
+        check_offload(self.config, self.dist)
         self.mesh = make_mesh(self.dist)
         self.sequence_parallel: SequenceParallel = sequence_parallel_layout(
             self.dist, self.config.sequence_parallel

@@ -55,35 +55,54 @@ def default_backend() -> Backend:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(backend: Backend | None = None) -> DistInfo:
+def init_distributed(backend: Backend | None = None, *, cpu_collectives: bool = False) -> DistInfo:
     """Join (or create) the default process group and return this process's :class:`DistInfo`.
 
     ``backend`` defaults to :func:`default_backend`; it is ignored when a group already exists.
-    A CUDA rank's current device is set to ``cuda:<local_rank>``.
+    A CUDA rank's current device is set to ``cuda:<local_rank>``. ``cpu_collectives`` makes an
+    nccl group ``cuda:nccl,cpu:gloo`` (torchtitan's choice for CPU offload): collectives of CPU
+    tensors then run over gloo, which `ActorConfig.offload` needs (sharded parameters, gradients
+    and their norm live in CPU memory); a gloo group has them already.
     """
     if not dist.is_initialized():
         backend = backend or default_backend()
         if backend == "nccl" and not torch.cuda.is_available():
             raise ValueError("backend 'nccl' needs CUDA, which is not available; use 'gloo'")
+        name = "cuda:nccl,cpu:gloo" if backend == "nccl" and cpu_collectives else backend
         if all(var in os.environ for var in TORCHRUN_VARS):
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-            dist.init_process_group(backend, init_method="env://")
+            dist.init_process_group(name, init_method="env://")
         else:
             if backend == "nccl":
                 torch.cuda.set_device(0)
             # One process: an in-memory store is the whole rendezvous.
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(name, store=dist.HashStore(), rank=0, world_size=1)
     return current_dist_info()
+
+
+def group_backends() -> dict[str, str]:
+    """``{device type: backend}`` of the default group (:func:`parse_backends`)."""
+    return parse_backends(str(dist.get_backend()))
+
+
+def parse_backends(name: str) -> dict[str, str]:
+    """``{device type: backend}`` of a process-group backend name: ``{"cpu": "gloo"}`` for
+    ``"gloo"``, ``{"cuda": "nccl"}`` for ``"nccl"``, ``{"cuda": "nccl", "cpu": "gloo"}`` for
+    ``"cuda:nccl,cpu:gloo"`` (a group made with ``cpu_collectives``)."""
+    if ":" not in name:  # a plain backend serves the device it is made for
+        return {"cpu": name} if name == "gloo" else {"cuda": name}
+    return dict(part.split(":", 1) for part in name.split(","))
 
 
 def current_dist_info() -> DistInfo:
     """:class:`DistInfo` of the existing default group; raises ``RuntimeError`` if there is none."""
     if not dist.is_initialized():
         raise RuntimeError("no process group: call init_distributed() first")
-    backend = str(dist.get_backend())
-    if backend not in ("gloo", "nccl"):
-        raise RuntimeError(f"unsupported process-group backend {backend!r}; use gloo or nccl")
+    backends = group_backends()
+    backend = backends.get("cuda", backends.get("cpu", ""))
+    if backend not in ("gloo", "nccl") or set(backends.values()) - {"gloo", "nccl"}:
+        raise RuntimeError(f"unsupported process-group backend {dist.get_backend()!r}")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     return DistInfo(
@@ -107,10 +126,12 @@ def destroy() -> None:
 
 
 @contextmanager
-def distributed(backend: Backend | None = None) -> Iterator[DistInfo]:
+def distributed(
+    backend: Backend | None = None, *, cpu_collectives: bool = False
+) -> Iterator[DistInfo]:
     """``with distributed() as info:`` init the group; on exit destroy it if this call made it."""
     created = not dist.is_initialized()
-    info = init_distributed(backend)
+    info = init_distributed(backend, cpu_collectives=cpu_collectives)
     try:
         yield info
     finally:

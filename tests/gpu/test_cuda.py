@@ -18,7 +18,7 @@ from agentrl.engine_pool.engine import SamplingParams
 from agentrl.engine_pool.local_engine import LocalEngine
 from agentrl.rl.weight_sync import sync_weights
 from agentrl.training.actor import Actor, ActorConfig
-from agentrl.training.distributed import distributed
+from agentrl.training.distributed import distributed, group_backends
 from agentrl.training.logprobs import token_logprobs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -71,6 +71,31 @@ async def test_fsdp2_on_nccl_trains_and_syncs_into_a_gpu_engine() -> None:
             trained = {n: p.full_tensor() for n, p in actor.model.named_parameters()}
             for name, tensor in engine.model.named_parameters():
                 torch.testing.assert_close(tensor, trained[name], rtol=0, atol=0)
+
+
+async def test_cpu_offload_keeps_shards_and_adam_state_in_cpu_memory_and_trains() -> None:
+    """actor.offload='cpu': FSDP2's CPUOffloadPolicy over a cuda:nccl,cpu:gloo group; the norm
+    of CPU gradients and the weight sync's gather of CPU shards go over gloo."""
+    with distributed(cpu_collectives=True) as info:
+        assert group_backends() == {"cuda": "nccl", "cpu": "gloo"}
+        actor = Actor(llama(), ActorConfig(lr=1e-3, offload="cpu"))
+        assert {p.to_local().device.type for p in actor.model.parameters()} == {"cpu"}
+        batch = torch.tensor([PROMPT * 2], device=info.device)
+
+        losses = [actor.train_step([batch], nll)["loss"] for _ in range(5)]
+        assert losses[-1] < losses[0]
+        moments = [
+            value.to_local() if hasattr(value, "to_local") else value
+            for state in actor.optimizer.state.values()
+            for value in state.values()
+            if isinstance(value, torch.Tensor) and value.dim() > 0
+        ]
+        assert moments and {m.device.type for m in moments} == {"cpu"}
+        async with LocalEngine(llama(), eos_token_ids=[0], device="cuda") as engine:
+            await sync_weights(actor.model, [engine], version=1)
+            trained = {n: p.full_tensor() for n, p in actor.model.named_parameters()}
+            for name, tensor in engine.model.named_parameters():
+                torch.testing.assert_close(tensor.cpu(), trained[name].cpu(), rtol=0, atol=0)
 
 
 def test_fp8_training_runs_on_an_fp8_gpu() -> None:

@@ -47,7 +47,13 @@ from torchrun_jobs import run_torchrun
 
 from agentrl.config import ConfigError
 from agentrl.training.actor import Actor, ActorConfig, mixed_precision_policy
-from agentrl.training.distributed import DistInfo, distributed, init_distributed
+from agentrl.training.distributed import (
+    DistInfo,
+    distributed,
+    group_backends,
+    init_distributed,
+    parse_backends,
+)
 from agentrl.training.optim import lr_factor
 
 WORKER = Path(__file__).parents[1] / "fsdp_worker.py"
@@ -251,6 +257,22 @@ def test_config_rejects_unknown_keys_and_schedules_without_an_end() -> None:
         ActorConfig.build("actor", {"lr": 1e-5, "lr_shedule": "cosine"})
     with pytest.raises(ConfigError, match="needs total_steps"):
         ActorConfig.build("actor", {"lr_schedule": "cosine", "warmup_steps": 10})
+
+
+def test_cpu_offload_is_refused_on_the_cpu_where_there_is_nothing_to_offload(
+    dist_info: DistInfo,
+) -> None:
+    """``actor.offload`` itself runs on a GPU only (tests/gpu); here: its clear refusals."""
+    with pytest.raises(ValueError, match="runs on the CPU, where they are in CPU memory already"):
+        Actor(tiny_llama(), ActorConfig(offload="cpu"))
+    with pytest.raises(ConfigError, match="offload"):
+        ActorConfig.build("actor", {"offload": "gpu"})
+
+
+def test_a_group_with_cpu_collectives_is_read_per_device(dist_info: DistInfo) -> None:
+    assert group_backends() == {"cpu": "gloo"}
+    assert parse_backends("cuda:nccl,cpu:gloo") == {"cuda": "nccl", "cpu": "gloo"}
+    assert parse_backends("nccl") == {"cuda": "nccl"} and parse_backends("gloo") == {"cpu": "gloo"}
 
 
 # -- two processes under torchrun --------------------------------------------------------------
