@@ -13,6 +13,18 @@ same package's proxy strips them then (``proxy.py``, ``_strip_logprobs`` when
 ``originally_requested_logprobs`` is false). The test shows this by running it against the
 package's own mock vLLM (``tests/helpers/mock_vllm.py``) too: it fails there with the same
 assertion.
+
+Another, ``test_streaming_rollout`` (both trace stores), races against the gateway itself: its
+synchronous openai client stops reading at ``data: [DONE]`` and at once asks for the session's
+traces, while the proxy forwards ``[DONE]`` as it arrives and writes a streamed trace only after
+the upstream body has ended, in a task it does not await even with ``sync_traces`` (``proxy.py``,
+the ``finally`` of ``event_generator``). Nothing orders that write before the read, whatever the
+server sends (vLLM too, as ``[DONE]`` comes before the end of its body): it fails the same way,
+at random, against the mock vLLM, mostly with the SQLite store, whose first write opens and sets
+up its connection. So it may fail, only on its trace count (no trace yet);
+``test_trace_captured_streaming``, which must pass, checks the same streamed trace through an
+in-process client that gets the reply once the gateway's handler has returned, the write queued,
+and the memory store, which writes without waiting.
 """
 
 from __future__ import annotations
@@ -33,6 +45,11 @@ VENV = ROOT / ".venv-rllm"
 SRC = VENV / "src" / "rllm_model_gateway-0.1.0"
 PORT = 4000  # their tests' VLLM_BASE
 STALE = "tests.integration.test_vllm.TestNonStreaming::test_logprobs_injected"
+ROLLOUT = (
+    "tests.integration.test_training_workflow_e2e.TestStreamingRollout::test_streaming_rollout"
+)
+RACY = {f"{ROLLOUT}[memory]", f"{ROLLOUT}[sqlite]"}  # may read traces before the gateway writes
+NO_TRACE_YET = "assert 0 == 1\n +  where 0 = len([])"  # their `assert len(traces) == 1`
 MOCK = (
     "import sys; sys.path.insert(0, '.'); from tests.helpers.mock_vllm import MockVLLMServer; "
     f"server = MockVLLMServer(port={PORT}); server.start(); print('ready', flush=True); "
@@ -84,7 +101,8 @@ def test_rllm_model_gateways_integration_tests_pass_against_agentrl_serve(rllm_v
     # all of them ran (they skip themselves when nothing answers on the port)
     assert len(results) == 16 and not [n for n, (o, _) in results.items() if o == "skipped"]
     failed = {name: message for name, (outcome, message) in results.items() if outcome != "passed"}
-    assert set(failed) == {STALE}, failed
+    assert STALE in failed and set(failed) <= {STALE, *RACY}, failed
+    assert all(failed[name] == NO_TRACE_YET for name in RACY & set(failed)), failed
     # the one that fails fails against rllm-model-gateway's own mock vLLM too, on the same line
     assert port_free(PORT)
     mock = subprocess.Popen(
