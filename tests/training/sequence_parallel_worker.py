@@ -42,6 +42,8 @@ SHAPES: dict[str, dict[str, Any]] = {
     "long": {"heads": 4, "kv_heads": 2, "lengths": [12288, 3000, 1095]},
     # SmolLM2's head counts (9 and 3) are not divisible by 2 ranks; 3 and 1 are not either
     "odd_heads": {"heads": 3, "kv_heads": 1, "lengths": [1500, 1001, 500]},
+    # logprob_chunk_tokens=0: each rank's log-probs from its slice's full logits
+    "unchunked": {"heads": 4, "kv_heads": 2, "lengths": [700, 301], "chunk": 0},
 }
 ACTOR_LENGTHS = [2000, 1500, 596]  # 4,096 tokens (the 16k case is the attention job's)
 ACTOR_MAX_TOKENS = 2048  # per rank: the micro-batch is longer than one rank's budget
@@ -81,9 +83,12 @@ def long_sequences(lengths: list[int]) -> list[dict[str, Any]]:
     return sequences
 
 
-def weighted_logprob_sum(model: nn.Module, batch: PackedMicroBatch) -> torch.Tensor:
-    """``sum(advantage * log p)`` over the micro-batch's loss tokens, at :data:`TEMPERATURE`."""
-    scores = packed_scores(model, batch, TEMPERATURE, loss_tokens_only=True, chunk_tokens=CHUNK)
+def weighted_logprob_sum(
+    model: nn.Module, batch: PackedMicroBatch, chunk: int = CHUNK
+) -> torch.Tensor:
+    """``sum(advantage * log p)`` over the micro-batch's loss tokens, at :data:`TEMPERATURE`,
+    the log-probs ``chunk`` tokens at a time (0: all at once)."""
+    scores = packed_scores(model, batch, TEMPERATURE, loss_tokens_only=True, chunk_tokens=chunk)
     weights = batch.fields["advantages"] * batch.loss_mask
     return (scores.logprobs * weights).sum()
 
@@ -100,7 +105,7 @@ def attention_job() -> dict[str, Any]:
     for name, shape in SHAPES.items():
         model = use_trainer_attention(random_llama(shape["heads"], shape["kv_heads"]))
         view = whole_batch(shape["lengths"]).split(layout)
-        loss = weighted_logprob_sum(model, view)
+        loss = weighted_logprob_sum(model, view, shape.get("chunk", CHUNK))
         loss.backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         for grad in grads.values():

@@ -123,7 +123,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def one_rank_loss_and_grads(name: str, dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
     shape = SHAPES[name]
     model = random_llama(shape["heads"], shape["kv_heads"]).to(dtype)
-    loss = weighted_logprob_sum(model, whole_batch(shape["lengths"]))
+    loss = weighted_logprob_sum(model, whole_batch(shape["lengths"]), shape.get("chunk", CHUNK))
     loss.backward()
     return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
@@ -135,7 +135,7 @@ def test_two_ranks_give_one_ranks_loss_and_gradients(
 ) -> None:
     """``long``: 16,383 tokens (a 12,288-token sequence and two more) over 2 ranks;
     ``odd_heads``: 3 query heads and 1 key/value head, which no head-splitting scheme could
-    share between 2 ranks."""
+    share between 2 ranks; ``unchunked``: log-probs from full logits (logprob_chunk_tokens=0)."""
     mine = two_ranks["attention"][name]
     assert mine["tokens"] == sum(SHAPES[name]["lengths"]) + sum(SHAPES[name]["lengths"]) % 2
     assert mine["slice"] == (0, mine["tokens"] // 2)  # rank 0's half
