@@ -191,10 +191,13 @@ def main() -> None:
         logprobs = probe_logprobs(actor.model, vocab)
         synced = asyncio.run(sync_into_engine(actor, args, info))
         errors = unequal_step_error(actor, info)
+        odd = [{"input_ids": [1] * n, "loss_mask": [0] + [1] * (n - 1)} for n in (5, 13, 30)]
+        tokens = [batch.n_tokens for batch in actor.micro_batches(odd, 32)]
         if info.is_main:
             args.out.mkdir(parents=True, exist_ok=True)
             result = {"metrics": metrics, "sync": synced["report"], "errors": errors}
             result["engine_version"] = synced["version"]
+            result["micro_batch_tokens"] = tokens
             result["fp8_layers"] = [
                 n for n, m in actor.model.named_modules() if type(m).__name__ == "Float8Linear"
             ]

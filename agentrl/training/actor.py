@@ -57,7 +57,12 @@ from agentrl.training.distributed import (
     group_backends,
 )
 from agentrl.training.distributed import data_parallel_mesh as make_mesh
-from agentrl.training.fp8_training import FP8Recipe, after_optimizer_step, convert_to_fp8_training
+from agentrl.training.fp8_training import (
+    TOKEN_MULTIPLE,
+    FP8Recipe,
+    after_optimizer_step,
+    convert_to_fp8_training,
+)
 from agentrl.training.optim import LRSchedule, build_adamw, build_lr_scheduler
 from agentrl.training.packing import PackedMicroBatch, SequenceLike, pack_for_rank
 from agentrl.training.sequence_parallel import SequenceParallel, sequence_parallel_layout
@@ -222,9 +227,10 @@ def mixed_precision_policy(config: ActorConfig, device: torch.device) -> MixedPr
 
 
 def decoder_layers(model: PreTrainedModel) -> list[nn.Module]:
-    """The model's repeated blocks: modules whose class is in ``model._no_split_modules``."""
+    """The model's repeated blocks: modules whose class is in ``model._no_split_modules``, also
+    once ``fully_shard`` has given them its ``FSDP<name>`` subclasses."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    layers = [m for m in model.modules() if names & {c.__name__ for c in type(m).__mro__}]
     if not layers:
         raise ValueError(
             f"{type(model).__name__} lists no decoder-layer classes in _no_split_modules "
@@ -326,12 +332,17 @@ class Actor:
         :attr:`device`: its data-parallel share (:func:`~agentrl.training.packing.pack_for_rank`
         over ``world / P`` shares, micro-batches of up to ``P x max_tokens`` tokens), each split
         for its sequence-parallel group (:meth:`PackedMicroBatch.split`; ``P =
-        actor.sequence_parallel``). Every rank gets the same number."""
+        actor.sequence_parallel``). Every rank gets the same number. With ``actor.fp8`` each
+        micro-batch is padded by a filler sequence to a multiple of ``P x``
+        :data:`~agentrl.training.fp8_training.TOKEN_MULTIPLE` tokens, as FP8 matmuls need."""
         layout = self.sequence_parallel
         packed = pack_for_rank(
             sequences, layout.data_rank, layout.data_size, max_tokens * layout.size
         )
-        return [micro_batch.split(layout).to(self.device) for micro_batch in packed]
+        multiple = layout.size * (TOKEN_MULTIPLE if self.config.fp8 != "off" else 1)
+        return [
+            micro_batch.padded_to(multiple).split(layout).to(self.device) for micro_batch in packed
+        ]
 
     def train_step(
         self,

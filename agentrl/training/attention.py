@@ -19,7 +19,9 @@ Registered with transformers as :data:`ATTENTION` (:func:`use_trainer_attention`
 * **Sequence parallelism.** Given a process group (the :data:`GROUP_KWARG` forward keyword,
   :mod:`agentrl.training.sequence_parallel`), the keys and values of this rank's slice are
   all-gathered along the sequence first (torch's differentiable ``all_gather_single``: a
-  reduce-scatter of their gradients in the backward), and the queries attend to all of them.
+  reduce-scatter of their gradients in the backward; before torch 2.13, which the lent GPU
+  machines run, the same collective is ``all_gather_tensor_autograd``), and the queries attend
+  to all of them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed._functional_collectives import all_gather_single
+from torch.distributed import _functional_collectives
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
@@ -39,6 +41,11 @@ ATTENTION = "agentrl_sdpa"
 GROUP_KWARG = "sequence_parallel_group"
 """The forward keyword that carries a sequence-parallel group down to the attention layers."""
 CACHE = "_agentrl_additive_mask"
+all_gather = getattr(
+    _functional_collectives,
+    "all_gather_single",  # torch >= 2.13, where all_gather_tensor_autograd is deprecated
+    _functional_collectives.all_gather_tensor_autograd,
+)
 
 
 def trainer_attention(
@@ -54,8 +61,8 @@ def trainer_attention(
     and values when a sequence-parallel group is passed."""
     group = kwargs.pop(GROUP_KWARG, None)
     if group is not None:
-        key = all_gather_single(key, 2, group)
-        value = all_gather_single(value, 2, group)
+        key = all_gather(key.contiguous(), 2, group)  # torch 2.11 gathers contiguous inputs only
+        value = all_gather(value.contiguous(), 2, group)
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         attention_mask = additive_mask(attention_mask, query.dtype)
     grouped = key.shape[1] < query.shape[1] and kwargs.get("position_bias") is None

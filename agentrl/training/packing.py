@@ -156,6 +156,14 @@ class PackedMicroBatch:
             batch, loss_mask=loss_mask, n_loss_tokens=int(loss_mask.sum()), shard=shard
         )
 
+    def padded_to(self, multiple: int) -> PackedMicroBatch:
+        """This micro-batch with ``T`` rounded up to a multiple of ``multiple`` by a filler
+        sequence (its own positions from 0, no loss tokens): the real sequences' scores do not
+        change. Itself when ``T`` already is one."""
+        if multiple < 1:
+            raise ValueError(f"multiple must be >= 1, got {multiple}")
+        return self._padded((-self.n_tokens) % multiple)
+
     def _padded(self, length: int) -> PackedMicroBatch:
         """This micro-batch with a filler sequence of ``length`` tokens appended (if > 0)."""
         if length == 0:

@@ -46,7 +46,7 @@ from torch import nn
 from torchrun_jobs import run_torchrun
 
 from agentrl.config import ConfigError
-from agentrl.training.actor import Actor, ActorConfig, mixed_precision_policy
+from agentrl.training.actor import Actor, ActorConfig, decoder_layers, mixed_precision_policy
 from agentrl.training.distributed import (
     DistInfo,
     distributed,
@@ -159,6 +159,18 @@ def test_loss_decreases_on_a_fixed_batch(dist_info: DistInfo) -> None:
     losses = [actor.train_step(global_batch(VOCAB), nll_loss)["loss"] for _ in range(5)]
     assert all(after < before for before, after in itertools.pairwise(losses)), losses
     assert actor.step == 5
+
+
+def test_decoder_layers_are_found_before_and_after_sharding(dist_info: DistInfo) -> None:
+    # fully_shard swaps each layer's class for an FSDP<name> subclass (bench_fp8_training compiles
+    # the layers of a sharded model)
+    model = tiny_llama()
+    before = decoder_layers(model)
+    actor = Actor(model, actor_config("tiny"))
+    after = decoder_layers(actor.model)
+    assert type(after[0]).__name__.startswith("FSDP")
+    assert [id(layer) for layer in after] == [id(layer) for layer in before]
+    assert len(after) == model.config.num_hidden_layers
 
 
 def test_lr_schedule_values_are_exact(dist_info: DistInfo) -> None:

@@ -290,6 +290,23 @@ def test_a_filler_micro_batch_runs_a_full_backward_that_changes_nothing() -> Non
     model.zero_grad()
 
 
+def test_padding_to_a_multiple_adds_a_filler_and_keeps_every_real_score() -> None:
+    """actor.fp8 pads micro-batches to a multiple of 16 tokens (torch._scaled_mm's rule)."""
+    model, tol = tiny_llama("sdpa"), rounding("sdpa")
+    batch = packed_batch(SEQUENCES)  # 21 tokens
+    padded = batch.padded_to(16)
+    assert (batch.n_tokens, padded.n_tokens) == (21, 32)
+    assert padded.sequence_index == [*batch.sequence_index, FILLER]
+    assert padded.seq_lens[-1] == 11 and padded.position_ids[0, 21:].tolist() == list(range(11))
+    assert padded.n_loss_tokens == batch.n_loss_tokens and not padded.loss_mask[0, 21:].any()
+    with torch.no_grad():
+        plain, longer = (packed_logprobs(model, b, 1.0) for b in (batch, padded))
+    torch.testing.assert_close(longer[:, :21], plain, atol=tol[1.0], rtol=0)
+    assert padded.padded_to(16) is padded and batch.padded_to(1) is batch
+    with pytest.raises(ValueError, match="multiple must be >= 1"):
+        batch.padded_to(0)
+
+
 def test_unknown_attention_implementations_are_refused() -> None:
     model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="paged|sdpa"))
     with pytest.raises(ValueError, match="'paged\\|sdpa' is not known"):
