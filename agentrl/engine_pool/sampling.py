@@ -13,7 +13,11 @@ Which distribution a log-prob refers to (the trainer uses the same function, so 
   verl and slime, because that is what the trainer can recompute from logits alone.
 
 Each request samples with its own ``torch.Generator``; a row's token depends only on its own
-logits, parameters and generator state, never on the other rows of the batch.
+logits, parameters and generator state, never on the other rows of the batch. Sampling is an
+exponential race (as vLLM's sampler does it): row ``i`` draws ``E ~ Exp(1)`` per token from its
+generator, and the batch picks ``argmax(p / E)`` in one operation, which samples token ``j`` with
+probability ``p_j``. A ``torch.multinomial`` per row, synchronised per row, took 175 of every 190 ms
+of a 128-row decode step on the CPU and capped the engine at ~600 tokens/s on an H200.
 """
 
 from __future__ import annotations
@@ -98,19 +102,22 @@ def sample_next_tokens(
         [logprob_temperature(p.temperature) for p in params], device=logits.device
     )
     scaled = logits.float() / temperatures.unsqueeze(1)  # (B, V): one pass for every row
-    probs = torch.softmax(scaled, dim=-1)  # (B, V)
-    tokens: list[int] = []
+    log_norm = torch.logsumexp(scaled, dim=-1)  # (B,)
+    probs = (scaled - log_norm.unsqueeze(1)).exp_()  # (B, V): softmax(scaled)
+    uniform = torch.full_like(probs, 0.5)  # (B, V): each row's U(0, 1) draws; greedy rows keep 0.5
     for row, (sampling, generator) in enumerate(zip(params, generators, strict=True)):
         if sampling.greedy:
-            tokens.append(int(torch.argmax(logits[row])))
             continue
         if generator is None:
             raise ValueError("a sampled (temperature > 0) row needs a torch.Generator")
-        row_probs = probs[row]
-        if 0 < sampling.top_k < row_probs.numel() or sampling.top_p < 1.0:
-            row_probs = filtered_probs(scaled[row], sampling.top_k, sampling.top_p)
-        tokens.append(int(torch.multinomial(row_probs, 1, generator=generator)))
-    index = torch.tensor(tokens, device=logits.device).unsqueeze(1)  # (B, 1)
+        if 0 < sampling.top_k < probs.shape[1] or sampling.top_p < 1.0:
+            probs[row] = filtered_probs(scaled[row], sampling.top_k, sampling.top_p)
+        uniform[row].uniform_(generator=generator)  # no sync: a fill on the row's device
+    # Exp(1) = -log U, batched (torch's exponential_ is six times slower per row on the CPU);
+    # U is kept above 0 so that no token's wait is infinite
+    waits = uniform.clamp_(min=torch.finfo(uniform.dtype).tiny).log_().neg_()
+    greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+    index = torch.where(greedy, logits.argmax(-1), (probs / waits).argmax(-1)).unsqueeze(1)
     picked = scaled.gather(1, index).squeeze(1)  # (B,)
-    logprobs = picked - torch.logsumexp(scaled, dim=-1)  # temperature_logprobs, batched
-    return tokens, logprobs.tolist()
+    logprobs = picked - log_norm  # temperature_logprobs, batched
+    return index.squeeze(1).tolist(), logprobs.tolist()
