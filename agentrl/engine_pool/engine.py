@@ -62,6 +62,9 @@ class SamplingParams:
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``."""
     top_k: int = 0
     """Keep only the ``top_k`` most likely tokens; ``0`` disables the filter."""
+    min_p: float = 0.0
+    """Keep only tokens at least ``min_p`` times as likely as the most likely one, in ``[0, 1]``;
+    applied after top-k and top-p, as SGLang does; ``0`` disables the filter."""
     max_new_tokens: int = 256
     """Generate at most this many tokens (fewer if the model's context fills up first)."""
     stop_token_ids: tuple[int, ...] = ()
@@ -96,6 +99,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p!r}")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
         stop = tuple(self.stop_token_ids)

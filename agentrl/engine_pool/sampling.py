@@ -8,8 +8,8 @@ Which distribution a log-prob refers to (the trainer uses the same function, so 
   :func:`agentrl.training.logprobs.token_logprobs` recomputes it from a full forward pass.
 * Greedy decoding (``T == 0``) has no softmax of its own; its log-probs are taken at ``T = 1``
   (:func:`logprob_temperature`), and the trainer must score such tokens at ``T = 1`` as well.
-* top-k and top-p only restrict which tokens may be *sampled* (top-k first, then top-p on the
-  renormalised remainder). The reported log-prob stays that of the untruncated distribution, as in
+* top-k, top-p and min-p only restrict which tokens may be *sampled* (top-k first, then top-p on
+  the renormalised remainder, then min-p: SGLang's order). The reported log-prob stays that of the untruncated distribution, as in
   verl and slime, because that is what the trainer can recompute from logits alone.
 
 Each request samples with its own ``torch.Generator``; a row's token depends only on its own
@@ -47,11 +47,15 @@ def temperature_logprobs(
     return picked - torch.logsumexp(scaled, dim=-1)
 
 
-def filtered_probs(scaled_logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Probabilities ``(V,)`` of one row after top-k then top-p filtering (sums to 1).
+def filtered_probs(
+    scaled_logits: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0
+) -> torch.Tensor:
+    """Probabilities ``(V,)`` of one row after top-k, top-p then min-p filtering (sums to 1).
 
-    ``scaled_logits`` are already divided by the temperature. ``top_k == 0`` and ``top_p == 1``
-    disable their filter; at least the most likely token always survives.
+    ``scaled_logits`` are already divided by the temperature. ``top_k == 0``, ``top_p == 1`` and
+    ``min_p == 0`` disable their filter; at least the most likely token always survives. Min-p
+    keeps the tokens at least ``min_p`` times as likely as the most likely one (SGLang's order:
+    top-k and top-p renormalise, then min-p, whose ratio renormalising does not change).
     """
     probs = torch.softmax(scaled_logits.float(), dim=-1)  # (V,)
     if 0 < top_k < probs.numel():
@@ -64,6 +68,9 @@ def filtered_probs(scaled_logits: torch.Tensor, top_k: int, top_p: float) -> tor
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         sorted_probs = torch.where(mass_before < top_p, sorted_probs, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+        probs = probs / probs.sum()
+    if min_p > 0:
+        probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
         probs = probs / probs.sum()
     return probs
 
@@ -110,8 +117,8 @@ def sample_next_tokens(
             continue
         if generator is None:
             raise ValueError("a sampled (temperature > 0) row needs a torch.Generator")
-        if 0 < sampling.top_k < probs.shape[1] or sampling.top_p < 1.0:
-            probs[row] = filtered_probs(scaled[row], sampling.top_k, sampling.top_p)
+        if 0 < sampling.top_k < probs.shape[1] or sampling.top_p < 1.0 or sampling.min_p > 0:
+            probs[row] = filtered_probs(scaled[row], sampling.top_k, sampling.top_p, sampling.min_p)
         uniform[row].uniform_(generator=generator)  # no sync: a fill on the row's device
     # Exp(1) = -log U, batched (torch's exponential_ is six times slower per row on the CPU);
     # U is kept above 0 so that no token's wait is infinite

@@ -76,6 +76,8 @@ def generate_request(
         params["no_stop_trim"] = True  # the text keeps the match, as the ids do
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
+    if sampling.min_p:
+        params["min_p"] = sampling.min_p
     for key in PENALTY_KEYS:  # sent only when set, as a client of an older server would
         value = getattr(sampling, key)
         if value != SamplingParams.__dataclass_fields__[key].default:
@@ -116,6 +118,7 @@ def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str | 
         "temperature",
         "top_p",
         "top_k",
+        "min_p",
         "max_new_tokens",
         "stop_token_ids",
         "stop",

@@ -11,20 +11,20 @@ The key list is SGLang 0.5.23's own request contract (``sglang/api/v1/api_types.
   ``stop_token_ids``, ``ignore_eos``, ``sampling_seed``, the penalties (``frequency_penalty``,
   ``presence_penalty``, ``repetition_penalty``) and ``min_new_tokens`` (SGLang's penalizers, in
   :mod:`agentrl.engine_pool.penalties`), ``no_stop_trim``, ``skip_special_tokens``,
-  ``spaces_between_special_tokens`` (the last three change only the response's ``text``), ``n`` = 1.
+  ``spaces_between_special_tokens`` (the last three change only the response's ``text``), ``min_p``
+  (after top-k and top-p, as SGLang's sampler applies it), ``n`` = 1.
 * **Accepted by SGLang, not implemented here**: accepted when the value is SGLang's default (or
   what SGLang reads as unset: ``null``, an empty grammar string, an empty ``stop_regex``,
   ``logit_bias`` or ``custom_params``); any other value is refused with a
   :class:`ProtocolError` (400, ``{"error": {"message": ...}}``, the
-  shape SGLang uses for a bad sampling value) whose message names the key. ``min_p``,
-  constrained decoding (``json_schema``, ``regex``, ``ebnf``,
+  shape SGLang uses for a bad sampling value) whose message names the key. Constrained decoding (``json_schema``, ``regex``, ``ebnf``,
   ``structural_tag``, ``choice``), ``stop_regex``, ``logit_bias``, beams, watermarks and
   ``stream_interval`` are of this kind: agentrl's sampler does not implement them, so the sampled
   distribution would differ from the one the log-probs describe.
 
 Values of honoured keys are checked with SGLang's own limits and messages
 (``SamplingParams.verify``): ``top_k`` must be -1 or >= 1 (0 is refused, as SGLang refuses it),
-``top_p`` in (0, 1], ``temperature`` finite and >= 0, ``max_new_tokens`` >= 0, the additive
+``top_p`` in (0, 1], ``min_p`` in [0, 1], ``temperature`` finite and >= 0, ``max_new_tokens`` >= 0, the additive
 penalties in [-2, 2], ``repetition_penalty`` in (0, 2], ``min_new_tokens`` in [0, max_new_tokens].
 """
 
@@ -80,6 +80,7 @@ HONOURED_KEYS = frozenset(
         "temperature",
         "top_p",
         "top_k",
+        "min_p",
         "ignore_eos",
         "sampling_seed",
         "no_stop_trim",
@@ -102,7 +103,6 @@ PENALTY_KEYS: tuple[str, ...] = (
 
 # what SGLang reads as "not set" for each key agentrl serve does not implement
 _UNSET: dict[str, tuple[Any, ...]] = {
-    "min_p": (None, 0.0),
     "n": (None, 1),
     "beam_width": (None,),
     "json_schema": (None, ""),
@@ -173,6 +173,9 @@ def _verify_values(raw: dict[str, Any]) -> None:
     top_p = raw.get("top_p")
     if isinstance(top_p, (int, float)) and not 0.0 < top_p <= 1.0:
         raise ProtocolError(f"top_p must be in (0, 1], got {top_p}.")
+    min_p = raw.get("min_p")
+    if _is_number(min_p) and not 0.0 <= min_p <= 1.0:
+        raise ProtocolError(f"min_p must be in [0, 1], got {min_p}.")
     top_k = raw.get("top_k")
     greedy = isinstance(temperature, (int, float)) and 0 <= temperature < 1e-6
     if isinstance(top_k, int) and not greedy and top_k != -1 and top_k < 1:

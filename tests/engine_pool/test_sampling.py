@@ -67,6 +67,34 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     torch.testing.assert_close(filtered_probs(logits, 2, 1.0), torch.tensor([0.625, 0.375, 0, 0]))
 
 
+def test_min_p_keeps_tokens_at_least_min_p_times_the_most_likely_after_top_k_and_top_p() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert filtered_probs(logits, 0, 1.0, 0.35).nonzero().flatten().tolist() == [0, 1]
+    assert filtered_probs(logits, 0, 1.0, 0.2).nonzero().flatten().tolist() == [0, 1, 2]
+    torch.testing.assert_close(
+        filtered_probs(logits, 0, 1.0, 0.35), torch.tensor([0.625, 0.375, 0, 0])
+    )
+    # after top-k's renormalisation the ratio to the most likely token is unchanged: 0.3 / 0.5
+    assert filtered_probs(logits, 2, 1.0, 0.59).nonzero().flatten().tolist() == [0, 1]
+    assert filtered_probs(logits, 2, 1.0, 0.61).nonzero().flatten().tolist() == [0]
+    assert filtered_probs(logits, 0, 1.0, 1.0).nonzero().flatten().tolist() == [0]
+    with pytest.raises(ValueError, match="min_p must be in \\[0, 1\\]"):
+        SamplingParams(min_p=1.5)
+
+
+def test_min_p_samples_follow_the_filtered_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    generator = torch.Generator().manual_seed(1)
+    params = [SamplingParams(min_p=0.45)]  # keeps 0.4, 0.3, 0.2 (>= 0.18)
+    counts = torch.zeros(4)
+    for _ in range(4000):
+        (token,), _ = sample_next_tokens(logits, params, [generator])
+        counts[token] += 1
+    torch.testing.assert_close(
+        counts / 4000, torch.tensor([4 / 9, 3 / 9, 2 / 9, 0]), atol=0.03, rtol=0
+    )
+
+
 def test_samples_follow_the_filtered_distribution() -> None:
     """4000 draws at T=1, top_k=3: frequencies within 0.03 of the renormalised top-3 probabilities."""
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))

@@ -6,20 +6,38 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.engine_pool.sglang_api import ContractError, ProtocolError, loads_body
+from agentrl.engine_pool import SamplingParams
+from agentrl.engine_pool.sglang_api import (
+    ContractError,
+    ProtocolError,
+    generate_request,
+    loads_body,
+    parse_generate_request,
+)
 from agentrl.engine_pool.sglang_sampling import check_sampling_keys, response_text, text_options
 
 
 def test_a_default_value_is_accepted_and_any_other_refused_naming_the_key():
     check_sampling_keys({"repetition_penalty": 1.0, "presence_penalty": 0, "regex": "", "n": 1})
-    check_sampling_keys({"repetition_penalty": 1.05, "min_new_tokens": 1})  # honoured
-    for key, value in [("min_p", 0.1), ("regex", "a")]:
+    check_sampling_keys({"repetition_penalty": 1.05, "min_new_tokens": 1, "min_p": 0.1})  # honoured
+    for key, value in [("n", 2), ("regex", "a")]:
         with pytest.raises(ProtocolError, match=f"`{key}` = {value!r} is not supported"):
             check_sampling_keys({key: value})
     with pytest.raises(ContractError, match="unknown field `seed`, expected one of"):
         check_sampling_keys({"seed": 1})
+    with pytest.raises(ProtocolError, match=r"min_p must be in \[0, 1\], got 1.5."):
+        check_sampling_keys({"min_p": 1.5})
     with pytest.raises(ProtocolError, match="`skip_special_tokens` must be a boolean"):
         check_sampling_keys({"skip_special_tokens": "yes"})
+
+
+def test_min_p_travels_both_ways_between_an_sglang_client_and_agentrl_serve():
+    sent = SamplingParams(min_p=0.2, top_k=5, seed=1)
+    body = generate_request([1, 2], sent, "r1")
+    assert body["sampling_params"]["min_p"] == 0.2
+    _, received, _, _ = parse_generate_request(body)
+    assert (received.min_p, received.top_k) == (0.2, 5)
+    assert "min_p" not in generate_request([1, 2], SamplingParams(), "r2")["sampling_params"]
 
 
 def test_text_is_trimmed_at_the_stop_as_sglangs_detokenizer_does(tokenizer):

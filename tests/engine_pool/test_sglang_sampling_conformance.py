@@ -59,6 +59,8 @@ HONOURED: list[dict[str, Any]] = [
     {"frequency_penalty": 0.5},
     {"presence_penalty": -0.5},
     {"min_new_tokens": 2},
+    {"min_p": 0.1},
+    {"min_p": 1, "top_k": 5, "top_p": 0.9},
     {
         "frequency_penalty": -2,
         "presence_penalty": 2.0,
@@ -67,7 +69,6 @@ HONOURED: list[dict[str, Any]] = [
     },
 ]
 UNSUPPORTED: list[dict[str, Any]] = [
-    {"min_p": 0.1},
     {"n": 2},
     {"json_schema": '{"type": "object"}'},
     {"regex": "a+"},
@@ -93,6 +94,8 @@ REFUSED: list[dict[str, Any]] = [
     {"presence_penalty": -2.5},
     {"min_new_tokens": 5},  # more than max_new_tokens (4)
     {"min_new_tokens": -1},
+    {"min_p": 1.5},
+    {"min_p": -0.1},
 ]
 
 

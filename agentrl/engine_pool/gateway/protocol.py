@@ -5,7 +5,7 @@
 object with its HTTP status) naming the bad field. Every field is one of:
 
 * supported: ``model``, ``messages`` / ``prompt``, ``tools``, ``tool_choice`` (``"auto"``,
-  ``"none"``), ``n``, ``temperature``, ``top_p``, ``top_k`` (an SGLang/vLLM extension),
+  ``"none"``), ``n``, ``temperature``, ``top_p``, ``top_k`` and ``min_p`` (SGLang/vLLM extensions),
   ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``seed``, ``logprobs`` (chat: a bool;
   completions: ``0``, the sampled tokens' log-probs), ``stream``, ``stream_options``
   (``include_usage``);
@@ -49,7 +49,6 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0, 0.0),
     "presence_penalty": (0, 0.0),
     "repetition_penalty": (1, 1.0),
-    "min_p": (0, 0.0),
     "logit_bias": ({},),
     "top_logprobs": (0,),
     "parallel_tool_calls": (True,),
@@ -62,8 +61,8 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
 }
 _IGNORED = {"user", "metadata", "return_token_ids"}
 _COMMON = {
-    "model", "n", "temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "stream",
-    "stream_options", "logprobs",
+    "model", "n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed",
+    "stream", "stream_options", "logprobs",
 }  # fmt: skip
 _CHAT_FIELDS = _COMMON | {"messages", "tools", "tool_choice", "max_completion_tokens"}
 _COMPLETION_FIELDS = _COMMON | {"prompt"}
@@ -112,6 +111,7 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
@@ -301,6 +301,7 @@ def _sampling(body: dict[str, Any], logprobs: bool) -> Sampling:
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         top_k=max(_integer(body, "top_k", 0, -1, 2**31), 0),  # -1 disables it (SGLang, vLLM)
+        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
         max_tokens=max_tokens,
         stop=stops,
         seed=seed,

@@ -290,6 +290,7 @@ class Gateway:
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
+                min_p=sampling.min_p,
                 max_new_tokens=sampling.max_tokens or room or 256,
                 stop_token_ids=tuple(sorted(stop_ids)),
                 stop=sampling.stop,

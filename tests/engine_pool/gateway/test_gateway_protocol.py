@@ -47,6 +47,7 @@ def test_chat_request_normalises_messages_and_sampling():
         max_completion_tokens=7,
         stop="\n",
         top_k=-1,
+        min_p=0.05,
         frequency_penalty=0,
         user="someone",
         extra_body={"return_token_ids": True},  # as rllm-model-gateway's proxy sends it
@@ -61,10 +62,12 @@ def test_chat_request_normalises_messages_and_sampling():
         0,
     )
     assert request.tool_choice == "auto" and request.tools is None
+    assert request.sampling.min_p == 0.05
 
 
 def test_chat_request_refusals_name_the_field():
     refused("messages", messages=[])
+    refused("min_p", messages=[{"role": "user", "content": "x"}], min_p=1.5)
     refused("messages[0].role", messages=[{"role": "robot", "content": "x"}])
     refused(
         "messages[0].content[0]", messages=[{"role": "user", "content": [{"type": "image_url"}]}]
