@@ -59,7 +59,7 @@ def tolerance(reference: float, magnitude: float) -> float:
 
 def float32_tolerance(float32: torch.Tensor, float64: torch.Tensor) -> float:
     """The tolerance for any float32 evaluation of ``float64``, from the error of ``float32``."""
-    magnitude = float(float64.abs().max()) if float64.numel() else 0.0
+    magnitude = float(float64.detach().abs().max()) if float64.numel() else 0.0
     return tolerance(error(float32, float64), magnitude)
 
 

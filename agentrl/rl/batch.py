@@ -25,6 +25,10 @@ per-token weight ``versions`` and the trajectory's ``advantages``), ready for
   last loss token (``token_rewards``) and a placeholder advantage of 0.
 * Trailing tokens off the loss mask (the chat-template delta of a last environment message that
   no generation followed) are trimmed: nothing is scored after them.
+* An episode whose history was rewritten (``Trajectory.earlier``: an agent's earlier segments)
+  gives one sequence per segment, each with the episode's advantage (under GAE, each with the
+  reward on its last loss token); its loss tokens count once each, in the advantage statistics
+  that weigh tokens and in the loss.
 """
 
 from __future__ import annotations
@@ -145,8 +149,11 @@ def build_batch(
     metrics["batch/small_groups"] = float(small)
     if not ok:
         return TrainingBatch([], {**metrics, "batch/sequences": 0.0, "batch/loss_tokens": 0.0})
-    masks = [torch.tensor(t.tokens.loss_mask, dtype=torch.int64) for t in ok]
-    versions = [torch.tensor(t.tokens.versions, dtype=torch.int64) for t in ok]
+    # one row per sequence: a trajectory's earlier segments, then its tokens
+    rows = [(i, tokens) for i, t in enumerate(ok) for tokens in [*t.earlier, t.tokens]]
+    owner = torch.tensor([i for i, _ in rows], dtype=torch.int64)  # (R,) each row's trajectory
+    masks = [torch.tensor(tokens.loss_mask, dtype=torch.int64) for _, tokens in rows]
+    versions = [torch.tensor(tokens.versions, dtype=torch.int64) for _, tokens in rows]
     decision = staleness_policy(
         pad_sequence(versions, batch_first=True, padding_value=-1),
         pad_sequence(masks, batch_first=True),
@@ -157,9 +164,11 @@ def build_batch(
     loss_masks = decision.loss_mask
     if stream.staleness_mode == "drop":
         stale_groups = {
-            t.group for t, keep in zip(ok, decision.keep.tolist(), strict=True) if not keep
+            ok[i].group
+            for (i, _), keep in zip(rows, decision.keep.tolist(), strict=True)
+            if not keep
         }
-        in_stale_group = torch.tensor([t.group in stale_groups for t in ok])
+        in_stale_group = torch.tensor([ok[i].group in stale_groups for i, _ in rows])
         loss_masks = loss_masks * (~in_stale_group)[:, None]
         metrics["staleness/dropped_groups"] = float(len(stale_groups))
     for name, value in decision.metrics.items():
@@ -169,7 +178,9 @@ def build_batch(
         metrics["reward/overlong_penalty_mean"] = float(penalties.mean())
         metrics["reward/overlong_fraction"] = float((penalties < 0).to(torch.float64).mean())
     group_ids = torch.tensor([t.group for t in ok], dtype=torch.int64)
-    token_counts = loss_masks.sum(-1)  # (N,) what each trajectory trains on after staleness
+    # (N,) what each trajectory trains on after staleness, over all its rows
+    per_row = loss_masks.sum(-1).to(torch.int64)
+    token_counts = torch.zeros(len(ok), dtype=torch.int64).index_add_(0, owner, per_row)
     critic = (
         algorithm.advantage == CRITIC_ADVANTAGE
     )  # per-token advantages come later, from the critic
@@ -179,12 +190,11 @@ def build_batch(
         advantages = advantages_for(rewards, group_ids, algorithm.advantage, token_counts)
 
     sequences: list[dict[str, Any]] = []
-    for i, trajectory in enumerate(ok):
-        mask = loss_masks[i, : len(trajectory.tokens)].tolist()
+    for row, (i, tokens) in enumerate(rows):
+        mask = loss_masks[row, : len(tokens)].tolist()
         if not any(mask):
             continue
         end = max(j for j, m in enumerate(mask) if m) + 1  # trim trailing tokens off the mask
-        tokens = trajectory.tokens
         sequence = {
             "input_ids": tokens.input_ids[:end],
             "loss_mask": mask[:end],
@@ -192,7 +202,7 @@ def build_batch(
             "versions": tokens.versions[:end],
             "advantages": float(advantages[i]),
         }
-        if critic:  # the (shaped) reward on the last loss token, for the GAE
+        if critic:  # the (shaped) reward on the last loss token (of each segment), for the GAE
             sequence[TOKEN_REWARDS] = [0.0] * (end - 1) + [float(rewards[i])]
         sequences.append(sequence)
     if not critic:

@@ -15,9 +15,11 @@ the trainer's, whatever the agent asks: ``rollout.temperature`` and ``top_p``, a
 answer, graded by the environment (``env.astep(answer)``).
 
 The trajectory is the session's segment holding the agent's last call (choice 0): ids, loss mask,
-engine log-probs and per-token weight versions as the gateway recorded them, one :class:`Turn`
-per call. Other segments (a rewritten history, ``n > 1`` siblings) are not trained on
-(:meth:`AgentRunner.metrics`). Under ``stream.partial_rollouts="abort"`` the gateway continues
+engine log-probs and per-token weight versions as the gateway recorded them. The segments a
+rewritten history split off before it (each holds a first choice and ends before the last segment
+begins) are trained too, as sequences of their own with the episode's reward
+(``Trajectory.earlier``); one :class:`Turn` per call of all of them. Other segments (``n > 1``
+siblings, a branch the agent left) are not trained on (:meth:`AgentRunner.metrics`). Under ``stream.partial_rollouts="abort"`` the gateway continues
 aborted generations itself, so the agent gets one reply with per-token versions.
 
 Whose fault. The reward judges the policy only when the episode ran as intended; otherwise the
@@ -187,7 +189,9 @@ class AgentRunner:
         self._abandoned: set[str] = set()  # closed sessions with a call still running
         self.episodes = 0
         self.segments_dropped = 0
-        """Segments of finished sessions that were not their episode's trajectory."""
+        """Segments of finished sessions that are not trained on (siblings, left branches)."""
+        self.segments_earlier = 0
+        """Segments of finished sessions trained as their episode's earlier history."""
 
     @classmethod
     def configured(
@@ -243,10 +247,12 @@ class AgentRunner:
 
     def metrics(self) -> dict[str, float]:
         """Counts since the start: ``agent/episodes`` run, ``agent/segments_dropped`` (segments
-        not trained on), ``agent/splits`` (calls that started a new segment)."""
+        not trained on), ``agent/segments_earlier`` (segments of a rewritten history, trained
+        with their episode), ``agent/splits`` (calls that started a new segment)."""
         return {
             "agent/episodes": float(self.episodes),
             "agent/segments_dropped": float(self.segments_dropped),
+            "agent/segments_earlier": float(self.segments_earlier),
             "agent/splits": float(self.gateway.sessions.splits),
         }
 
@@ -356,19 +362,37 @@ class AgentRunner:
             return None
 
     def _take_segment(self, trajectory: Trajectory, record: SessionRecord) -> None:
-        """The segment holding the last call's first choice becomes the trajectory."""
+        """The segment holding the last call's first choice becomes the trajectory, and the
+        segments of a rewritten history before it its :attr:`~Trajectory.earlier` ones."""
         last = max(
             record.segments,
-            key=lambda s: max(c.call for c in s.calls if c.choice == 0) if s.calls else -1,
+            # a sibling segment (choices > 0 of an n > 1 call) holds no first choice
+            key=lambda s: max((c.call for c in s.calls if c.choice == 0), default=-1),
         )
-        self.segments_dropped += len(record.segments) - 1
-        tokens = last.trajectory
-        trajectory.tokens, trajectory.messages = tokens, list(last.messages)
-        completions = [s for s in tokens.segments if s.kind is SegmentKind.COMPLETION]
-        for call, piece in zip(last.calls, completions, strict=False):
-            version = tokens.versions[piece.end - 1] if piece.end > piece.start else -1
-            turn = Turn(call.prompt_tokens, call.completion_tokens, call.finish_reason, version, 0)
-            trajectory.turns.append(turn)
+        begins = min((c.call for c in last.calls), default=0)
+        earlier = sorted(
+            (
+                s
+                for s in record.segments
+                if s is not last
+                and any(c.choice == 0 for c in s.calls)
+                and max(c.call for c in s.calls) < begins
+            ),
+            key=lambda s: min(c.call for c in s.calls),
+        )
+        self.segments_dropped += len(record.segments) - 1 - len(earlier)
+        self.segments_earlier += len(earlier)
+        trajectory.tokens, trajectory.messages = last.trajectory, list(last.messages)
+        trajectory.earlier = [s.trajectory for s in earlier]
+        for segment in [*earlier, last]:
+            tokens = segment.trajectory
+            completions = [s for s in tokens.segments if s.kind is SegmentKind.COMPLETION]
+            for call, piece in zip(segment.calls, completions, strict=False):
+                version = tokens.versions[piece.end - 1] if piece.end > piece.start else -1
+                turn = Turn(
+                    call.prompt_tokens, call.completion_tokens, call.finish_reason, version, 0
+                )
+                trajectory.turns.append(turn)
 
     async def _reward(self, trajectory: Trajectory, env: Any, returned: Any) -> None:
         if isinstance(returned, int | float):

@@ -55,6 +55,10 @@ class Trajectory:
     tags: dict[str, str] = field(default_factory=dict)
     """What the task is, as the environment's reset info tags it (``info["tags"]``: e.g.
     SWE-bench Verified's ``difficulty``); ``agentrl eval`` reports per tag."""
+    earlier: list[TokenTrajectory] = field(default_factory=list)
+    """Token-exact trajectories of the same episode that ended before :attr:`tokens` began: the
+    segments an agent's rewritten history split off (:mod:`agentrl.rollout.agent`). The trainer
+    scores each as a sequence of its own, with the episode's advantage."""
     submission: dict[str, Any] | None = None
     """The episode's answer in its benchmark's own format, as the environment's last step info
     gave it (``info["submission"]``): a HumanEval sample for Code-v0, a SWE-bench prediction for
@@ -76,7 +80,9 @@ class Trajectory:
         return sum(message.get("role") == "tool" for message in self.messages)
 
     def to_record(self) -> dict[str, Any]:
-        record = {k: v for k, v in asdict(self).items() if k not in ("tokens", "messages", "turns")}
+        nested = ("tokens", "messages", "turns", "earlier")
+        record = {k: v for k, v in asdict(self).items() if k not in nested}
+        record["earlier"] = json.dumps([segment.to_dict() for segment in self.earlier])
         record["submission"] = None if self.submission is None else json.dumps(self.submission)
         record["tags"] = json.dumps(self.tags)
         record.update(self.tokens.to_dict())
@@ -93,7 +99,7 @@ class Trajectory:
             k: v
             for k, v in record.items()
             if k in cls.__dataclass_fields__
-            and k not in ("messages", "turns", "reward_components", "submission", "tags")
+            and k not in ("messages", "turns", "reward_components", "submission", "tags", "earlier")
         }
         submission = record.get("submission")
         return cls(
@@ -104,4 +110,7 @@ class Trajectory:
             reward_components=json.loads(record["reward_components"]),
             submission=json.loads(submission) if submission else None,
             tags=json.loads(record.get("tags") or "{}"),
+            earlier=[
+                TokenTrajectory.from_dict(s) for s in json.loads(record.get("earlier") or "[]")
+            ],
         )

@@ -182,3 +182,30 @@ def test_tool_calls_are_counted_from_the_tool_messages():
     assert [t.tool_calls for t in calls] == [2, 1, 0, 0]
     m = build_batch([calls], AlgorithmConfig(), StreamConfig(), 0).metrics
     assert (m["episodes/tool_calls_mean"], m["episodes/tool_use_fraction"]) == (0.75, 0.5)
+
+
+def test_an_episodes_earlier_segments_train_as_sequences_with_its_advantage():
+    # An agent rewrote its history once: episode (0, 0) has an earlier segment of 2 completion
+    # tokens before its last one of 1. Both are trained with the episode's advantage, and the
+    # token-weighted whitening counts 3 tokens for it: the same as one trajectory of 3 tokens.
+    rewritten = episode(0, 0, 1.0, versions=(0,))
+    rewritten.earlier = [episode(0, 0, 1.0, versions=(0, 0)).tokens]
+    groups = [[rewritten, episode(0, 1, 0.0, versions=(0,))]]
+    algorithm = AlgorithmConfig(advantage="reinforce_pp")
+    batch = build_batch(groups, algorithm, StreamConfig(), 0)
+    assert [s["input_ids"] for s in batch.sequences] == [[1, 2, 10, 11], [1, 2, 10], [1, 2, 10]]
+    whole = [[episode(0, 0, 1.0, versions=(0, 0, 0)), episode(0, 1, 0.0, versions=(0,))]]
+    expected = [s["advantages"] for s in build_batch(whole, algorithm, StreamConfig(), 0).sequences]
+    advantages = [s["advantages"] for s in batch.sequences]
+    assert advantages == pytest.approx([expected[0], expected[0], expected[1]])
+    assert batch.metrics["batch/sequences"] == 3 and batch.metrics["batch/loss_tokens"] == 4
+    # a stale earlier segment (versions 0, its episode's last segment and sibling at 2) drops
+    # the episode's group under `drop`
+    fresh = episode(0, 0, 1.0, versions=(2,))
+    fresh.earlier = [episode(0, 0, 1.0, versions=(0, 0)).tokens]
+    stale = [[fresh, episode(0, 1, 0.0, versions=(2,))], [episode(1, 0, 1.0, versions=(2,))]]
+    batch = build_batch(stale, algorithm, StreamConfig(max_staleness=1), current_version=2)
+    assert len(batch.sequences) == 1 and batch.metrics["staleness/dropped_groups"] == 1
+    # under GAE each segment carries the reward on its last loss token
+    batch = build_batch(groups, AlgorithmConfig(advantage="gae"), StreamConfig(), 0)
+    assert [s["token_rewards"] for s in batch.sequences] == [[0, 0, 0, 1], [0, 0, 1], [0, 0, 0]]

@@ -83,8 +83,45 @@ async def test_the_example_agent_trains_on_token_exact_graded_trajectories(engin
     assert agents.metrics() == {
         "agent/episodes": 4.0,
         "agent/segments_dropped": 0.0,
+        "agent/segments_earlier": 0.0,
         "agent/splits": 0.0,
     }
+
+
+async def test_a_rewritten_history_trains_every_segment_and_siblings_none(tiny_engine, tokenizer):
+    """Call 0, then call 1 on a rewritten history (its reply dropped: a new segment), then call 2
+    extending it with n=2: the episode trains call 0's segment as earlier history and calls 1-2's
+    as its trajectory; choice 1 of call 2, a sibling the agent did not follow, is not trained."""
+    replies = []
+
+    async def summarising(task, client):
+        first = await client.chat.completions.create(model=task.model, messages=task.messages)
+        replies.append(first.choices[0].model_extra["token_ids"])
+        question = task.messages[-1]["content"]
+        history = [*task.messages[:-1], {"role": "user", "content": f"In short: {question}"}]
+        second = await client.chat.completions.create(model=task.model, messages=history)
+        replies.append(second.choices[0].model_extra["token_ids"])
+        history += [
+            {"role": "assistant", "content": second.choices[0].message.content or ""},
+            {"role": "user", "content": "Go on."},
+        ]
+        third = await client.chat.completions.create(model=task.model, messages=history, n=2)
+        replies.append(third.choices[0].model_extra["token_ids"])
+        return 0.5
+
+    async with runner(summarising, tiny_engine, tokenizer, max_new_tokens=8) as agents:
+        trajectory = await agents.run(group_tasks(1, 1)[0])
+    assert trajectory.judged and trajectory.reward == 0.5, trajectory.error
+    (earlier,) = trajectory.earlier
+    pieces = [
+        [t.input_ids[p.start : p.end] for p in t.segments if p.kind is SegmentKind.COMPLETION]
+        for t in (earlier, trajectory.tokens)
+    ]
+    assert pieces == [replies[:1], replies[1:]]
+    assert len(trajectory.turns) == 3
+    assert trajectory.completion_tokens == sum(map(len, replies))
+    metrics = agents.metrics()
+    assert (metrics["agent/segments_earlier"], metrics["agent/segments_dropped"]) == (1.0, 1.0)
 
 
 async def test_the_trainers_sampling_wins_over_the_agents(tiny_engine, tokenizer):

@@ -32,6 +32,8 @@ def sample_trajectory():
 def test_record_round_trip():
     t = sample_trajectory()
     assert Trajectory.from_record(json.loads(json.dumps(t.to_record()))) == t
+    t.earlier = [sample_trajectory().tokens]  # an agent's rewritten history
+    assert Trajectory.from_record(json.loads(json.dumps(t.to_record()))) == t
 
 
 def test_records_load_back_with_datasets(tmp_path):

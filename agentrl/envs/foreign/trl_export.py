@@ -30,8 +30,10 @@ function)                     returns the sum of the episode's step rewards
 So the environment must take Hermes tool calls (Math-v0: ``tool_format="hermes"``). Not
 guaranteed: TRL renders and re-tokenizes the conversation itself, so what the environment
 receives for a tool call is TRL's parse of the model's text written back as one Hermes block,
-not the model's own text (agentrl's trainer is the token-exact one); an ``infra_error`` scores 0
-(TRL has no way to drop a sample; the message is kept in :attr:`last_info`).
+not the model's own text (agentrl's trainer is the token-exact one). An episode with an
+``infra_error`` (the environment could not judge it) gets the reward ``None``: TRL's "unscorable"
+completion, left out of its group's baseline with an advantage of 0 (the message is kept in
+:attr:`last_info`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import inspect
 import json
 from typing import Any
 
+from agentrl.envs.core import INFRA_ERROR
 from agentrl.envs.registration import make_env
 
 JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool}
@@ -56,6 +59,7 @@ class TRLEnvironment:
         self._env = make_env(self.env_id, **self.env_kwargs)
         self._rewards: list[float] = []
         self._done = True
+        self._infra_error: str | None = None
         self.last_info: dict[str, Any] = {}
 
     def reset(self, **row: Any) -> str:
@@ -63,7 +67,7 @@ class TRLEnvironment:
         seed = row.get("seed")
         options = None if row.get("index") is None else {"index": int(row["index"])}
         messages, self.last_info = self._env.reset(seed=seed, options=options)
-        self._rewards, self._done = [], False
+        self._rewards, self._done, self._infra_error = [], False, None
         return "\n\n".join(str(message["content"]) for message in messages)
 
     def _step(self, text: str) -> str:
@@ -72,17 +76,20 @@ class TRLEnvironment:
         messages, reward, terminated, truncated, self.last_info = self._env.step(text)
         self._rewards.append(float(reward))
         self._done = bool(terminated or truncated)
+        if self.last_info.get(INFRA_ERROR) and self._infra_error is None:
+            self._infra_error = str(self.last_info[INFRA_ERROR])
         return "\n".join(str(message["content"]) for message in messages)
 
     def _call_tool(self, name: str, arguments: dict[str, Any]) -> str:
         call = json.dumps({"name": name, "arguments": arguments})
         return self._step(f"<tool_call>\n{call}\n</tool_call>")
 
-    def _finish(self, text: str) -> float:
-        """Take the rollout's final assistant text as the last turn; the episode's reward."""
+    def _finish(self, text: str) -> float | None:
+        """Take the rollout's final assistant text as the last turn; the episode's reward, or
+        None when an infrastructure fault left it unjudged."""
         if not self._done:
             self._step(text)
-        return sum(self._rewards)
+        return None if self._infra_error is not None else sum(self._rewards)
 
 
 def trl_environment(env_id: str, **env_kwargs: Any) -> type[TRLEnvironment]:
@@ -102,10 +109,13 @@ def trl_environment(env_id: str, **env_kwargs: Any) -> type[TRLEnvironment]:
     return type(name, (TRLEnvironment,), namespace)
 
 
-def trl_reward(completions: list[Any], environments: list[TRLEnvironment], **_: Any) -> list[float]:
+def trl_reward(
+    completions: list[Any], environments: list[TRLEnvironment], **_: Any
+) -> list[float | None]:
     """TRL's reward function for :func:`trl_environment`'s environments: each rollout's final
-    assistant text is its environment's last turn; the episode's summed reward."""
-    rewards = []
+    assistant text is its environment's last turn; the episode's summed reward, None for an
+    episode with an ``infra_error`` (TRL leaves it out)."""
+    rewards: list[float | None] = []
     for completion, environment in zip(completions, environments, strict=True):
         if isinstance(completion, list):  # conversational: the last assistant message
             texts = [m.get("content") or "" for m in completion if m.get("role") == "assistant"]

@@ -48,6 +48,9 @@ def test_trls_grpo_trainer_takes_a_step_on_math_multi_turn(tmp_path):
     assert result["task"] == "\n\n".join(m["content"] for m in messages)
     assert result["tool_output"] == "42\n"  # the python tool ran print(6 * 7)
     assert result["reward"] == [1.0]  # "So she has 4.": the gold answer, flexible format
+    # graded while the verifier's workers were killed: an infra_error, which TRL must leave out
+    # (a reward function's None: its "unscorable" completion, advantage 0, out of the baseline)
+    assert result["unjudged_reward"] == [None]
 
     assert result["steps"] == 1 and result["loss_finite"]
     episodes = result["episodes"]  # 2 prompts x 2 generations, each reset, then graded once

@@ -6,6 +6,8 @@ JSON summary."""
 
 import json
 import math
+import os
+import signal
 import sys
 
 import datasets
@@ -14,6 +16,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import qwen2_5_chat_template
 
 from agentrl.envs.foreign.trl_export import trl_environment, trl_reward
+from agentrl.envs.math.verifier import shared_pool
 from agentrl.models import load_model, load_tokenizer
 
 KWARGS = {
@@ -45,6 +48,7 @@ def main() -> None:
     task = probe.reset(index=3, seed=0)
     tool_output = probe.python(code="print(6 * 7)")  # as TRL's tool loop calls it
     reward = trl_reward([[{"role": "assistant", "content": "So she has 4."}]], [probe])
+    unjudged = dead_verifier_reward(Math)
 
     tokenizer = load_tokenizer("smollm2")
     tokenizer.chat_template = qwen2_5_chat_template  # a tool-calling template TRL can parse
@@ -90,6 +94,7 @@ def main() -> None:
                 "task": task,
                 "tool_output": tool_output,
                 "reward": reward,
+                "unjudged_reward": unjudged,
                 "steps": trainer.state.global_step,
                 "loss_finite": bool(logs) and all(math.isfinite(e["loss"]) for e in logs),
                 "logged_reward": logs[-1].get("reward") if logs else None,
@@ -97,6 +102,20 @@ def main() -> None:
             }
         )
     )
+
+
+def dead_verifier_reward(Math):
+    """trl_reward for an answer graded while Math-v0's verifier workers are killed: the episode's
+    info carries an infra_error, and the reward is None (TRL's unscorable completion)."""
+    probe = Math()
+    probe.reset(index=3, seed=0)
+    executor = shared_pool.executor()
+    executor.submit(os.getpid).result()  # the workers are up
+    for pid in list(executor._processes):
+        os.kill(pid, signal.SIGKILL)
+    reward = trl_reward([[{"role": "assistant", "content": "So she has 4."}]], [probe])
+    assert probe.last_info.get("infra_error"), probe.last_info
+    return reward
 
 
 if __name__ == "__main__":
