@@ -6,14 +6,16 @@ Each row has its own seeded generator, as in the engine. On an H200 the per-row 
 engine at ~600 tokens/s with 128 rows (``scripts/gpu-proof``'s rollout step); on the CPU it took
 175 of the 190 ms of a decode step of a one-layer model with SmolLM2's vocabulary.
 
-    python -m bench.bench_sampling [--rows 128] [--vocab 49152] [--device cpu|cuda]
+    python -m bench.bench_sampling [--rows 128] [--vocab 49152] [--device cpu|cuda] [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -47,13 +49,17 @@ def seconds_per_call(fn: Callable[[], object], device: torch.device, repeats: in
     return (time.perf_counter() - start) / repeats
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="write the numbers to this file")
+    return parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> None:
     device = torch.device(args.device)
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU: {cpu_name()}"
     print(f"{where}; {args.rows} rows x {args.vocab} logits, {torch.get_num_threads()} threads")
@@ -74,7 +80,11 @@ def main() -> None:
     print(f"per-row multinomial (baseline)  {baseline * 1e3:8.2f} ms per step")
     print(f"exponential race (ours)         {race * 1e3:8.2f} ms per step")
     print(f"speed-up                        {baseline / race:8.2f}x")
+    if args.json:
+        record = {"device": where, "rows": args.rows, "vocab": args.vocab}
+        record |= {"baseline_ms": baseline * 1e3, "race_ms": race * 1e3, "speedup": baseline / race}
+        args.json.write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["tests", "engine", "rollout", "grpo", "fp8_mismatch", "fp8_training"]
+STEPS = ["tests", "engine", "sampling", "rollout", "grpo", "fp8_mismatch", "fp8_training"]
 
 
 def test_the_dry_run_runs_every_step_and_writes_its_json(tmp_path):
@@ -43,5 +43,6 @@ def test_the_dry_run_runs_every_step_and_writes_its_json(tmp_path):
     assert set(results["engine"]["results"]["rows"]) == {"engine weights as trained"}
     assert len(results["fp8_mismatch"]["results"]["rows"]) == 2
     assert results["rollout"]["results"]["async_over_sync"] > 0
+    assert results["sampling"]["results"]["speedup"] > 0
     assert list(results["fp8_training"]["results"]["modes"]) == ["bf16"]
     assert "gpu-proof summary on CPU (dry run)" in run.stdout
