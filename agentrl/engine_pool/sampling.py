@@ -110,6 +110,30 @@ def sample_next_tokens(
     )
     scaled = logits.float() / temperatures.unsqueeze(1)  # (B, V): one pass for every row
     log_norm = torch.logsumexp(scaled, dim=-1)  # (B,)
+    greedy = [p.greedy for p in params]
+    if all(greedy):
+        index = logits.argmax(-1)  # (B,)
+    else:
+        index = _exponential_race(scaled, log_norm, params, generators)
+        if any(greedy):
+            is_greedy = torch.tensor(greedy, device=logits.device)
+            index = torch.where(is_greedy, logits.argmax(-1), index)
+    index = index.unsqueeze(1)  # (B, 1)
+    picked = scaled.gather(1, index).squeeze(1)  # (B,)
+    logprobs = picked - log_norm  # temperature_logprobs, batched
+    return index.squeeze(1).tolist(), logprobs.tolist()
+
+
+def _exponential_race(
+    scaled: torch.Tensor,
+    log_norm: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """Each sampled row's token ``(B,)``: ``argmax(p / E)`` over its filtered probabilities
+    ``p`` (``softmax(scaled)``, ``log_norm`` its log-sum-exp), with ``E = -log U`` and ``U``
+    drawn from the row's generator; a greedy row's entry is meaningless (the caller takes its
+    argmax)."""
     probs = (scaled - log_norm.unsqueeze(1)).exp_()  # (B, V): softmax(scaled)
     uniform = torch.full_like(probs, 0.5)  # (B, V): each row's U(0, 1) draws; greedy rows keep 0.5
     for row, (sampling, generator) in enumerate(zip(params, generators, strict=True)):
@@ -123,8 +147,4 @@ def sample_next_tokens(
     # Exp(1) = -log U, batched (torch's exponential_ is six times slower per row on the CPU);
     # U is kept above 0 so that no token's wait is infinite
     waits = uniform.clamp_(min=torch.finfo(uniform.dtype).tiny).log_().neg_()
-    greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-    index = torch.where(greedy, logits.argmax(-1), (probs / waits).argmax(-1)).unsqueeze(1)
-    picked = scaled.gather(1, index).squeeze(1)  # (B,)
-    logprobs = picked - log_norm  # temperature_logprobs, batched
-    return index.squeeze(1).tolist(), logprobs.tolist()
+    return (probs / waits).argmax(-1)

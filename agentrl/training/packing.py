@@ -148,7 +148,7 @@ class PackedMicroBatch:
             return self
         if self.shard is not None or layout.group is None:
             raise ValueError("split() takes a whole micro-batch and a layout with a group")
-        batch = self._padded((-self.n_tokens) % layout.size)
+        batch = self.padded_to(layout.size)
         width = batch.n_tokens // layout.size
         shard = SequenceShard(layout.rank * width, (layout.rank + 1) * width, layout.group)
         loss_mask = batch.loss_mask & shard.scored(batch.n_tokens, batch.loss_mask.device)
@@ -162,10 +162,7 @@ class PackedMicroBatch:
         change. Itself when ``T`` already is one."""
         if multiple < 1:
             raise ValueError(f"multiple must be >= 1, got {multiple}")
-        return self._padded((-self.n_tokens) % multiple)
-
-    def _padded(self, length: int) -> PackedMicroBatch:
-        """This micro-batch with a filler sequence of ``length`` tokens appended (if > 0)."""
+        length = (-self.n_tokens) % multiple
         if length == 0:
             return self
         tail = {
