@@ -1,9 +1,10 @@
 """Trainer throughput and model FLOPs utilisation, bf16 against FP8 (actor.fp8), in one process.
 
 A randomly initialised Llama (``--config 1b``: hidden 2048, 22 layers, 32 heads, 4 KV heads, MLP
-5632, vocabulary 32000, about 1.1B parameters, the TinyLlama shape) is trained with the project's
-`Actor` (FSDP2 over one rank, bf16 mixed precision, AdamW) on random tokens, once per mode: ``bf16``,
-then ``tensorwise`` and ``rowwise`` FP8. Each mode gets fresh weights, ``--warmup`` untimed steps
+5632, vocabulary 32000, about 1.1B parameters, the TinyLlama shape; ``--config 8b-layers``: 8
+layers of Llama-3-8B's shapes, 2.8B parameters, the shapes of torchao's published speed-ups) is
+trained with the project's `Actor` (FSDP2 over one rank, bf16 mixed precision, AdamW) on random
+tokens, once per mode: ``bf16``, then ``tensorwise`` and ``rowwise`` FP8. Each mode gets fresh weights, ``--warmup`` untimed steps
 (compilation, allocator), then ``--steps`` timed ones of ``--batch`` sequences of ``--seq-len``
 tokens. ``--compile`` compiles each decoder layer with torch.compile, which torchao needs to fuse the
 float8 casts (without it FP8 is slower than bf16).
@@ -23,6 +24,7 @@ Needs torchao (``pip install 'agentrl[gpu]'``; on the CPU, run it with ``.venv-t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -41,6 +43,16 @@ CONFIGS = {
         num_attention_heads=32,
         num_key_value_heads=4,
         vocab_size=32000,
+    ),
+    # Llama-3-8B's layer shapes (the matmuls FP8 speeds up), 8 of its 32 layers: 2.8B parameters,
+    # about 45 GB of float32 weights, gradients and AdamW state (not yet run on a GPU)
+    "8b-layers": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=8,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
     ),
     "tiny": dict(
         hidden_size=64,
@@ -80,6 +92,10 @@ def loss_fn(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, fl
 
 
 def run_mode(mode: str, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    if device.type == "cuda":  # each mode's own peak, not the largest of the modes so far
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     model = build_model(args.config, args.seq_len)
     per_token = flops_per_token(model, args.seq_len)
     fp8 = {} if mode == "bf16" else {"fp8": mode, "fp8_emulate": args.emulate}

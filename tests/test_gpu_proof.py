@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,10 @@ STEPS = ["tests", "engine", "sampling", "rollout", "grpo", "fp8_mismatch", "fp8_
 
 def test_the_dry_run_runs_every_step_and_writes_its_json(tmp_path):
     run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu-proof"), "--dry-run", str(tmp_path)],
+        [
+            *(sys.executable, str(ROOT / "scripts" / "gpu-proof"), "--dry-run", str(tmp_path)),
+            *("--archive", str(tmp_path / "proof.tgz")),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -43,6 +47,13 @@ def test_the_dry_run_runs_every_step_and_writes_its_json(tmp_path):
     assert set(results["engine"]["results"]["rows"]) == {"engine weights as trained"}
     assert len(results["fp8_mismatch"]["results"]["rows"]) == 2
     assert results["rollout"]["results"]["async_over_sync"] > 0
+    # waiting for each turn's slowest tool never beats waiting for the slowest episode's tools
+    assert results["rollout"]["results"]["latency_bound_async_over_sync"] >= 1
     assert results["sampling"]["results"]["speedup"] > 0
     assert list(results["fp8_training"]["results"]["modes"]) == ["bf16"]
     assert "gpu-proof summary on CPU (dry run)" in run.stdout
+    # the one file a lent GPU brings back holds every result and log, not the scratch directory
+    with tarfile.open(tmp_path / "proof.tgz") as archive:
+        names = set(archive.getnames())
+    assert {"summary.json", "00-setup.json", "07-fp8_training.log"} <= names
+    assert not any(n.startswith("work") or n.startswith("proof.tgz") for n in names)
