@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     import torch
 
 FinishReason = Literal["stop", "length", "abort"]
+CONSTRAINT_KEYS = ("json_schema", "regex", "ebnf", "structural_tag")
+"""SGLang's constrained-decoding sampling keys, in the order SGLang checks them."""
 
 
 class EngineError(RuntimeError):
@@ -91,6 +93,16 @@ class SamplingParams:
     min_new_tokens: int = 0
     """The stop and end-of-sequence ids cannot be sampled before this many tokens were generated
     (stop strings still end generation, as in SGLang); at most ``max_new_tokens``."""
+    json_schema: str | None = None
+    """Constrained decoding, SGLang's four keys (at most one per request; :mod:`.grammar`): the
+    output is JSON valid under this JSON schema (given as JSON text)."""
+    regex: str | None = None
+    """The output matches this regular expression."""
+    ebnf: str | None = None
+    """The output is a sentence of this EBNF grammar (xgrammar's dialect, rule ``root`` first)."""
+    structural_tag: str | None = None
+    """The output follows this xgrammar structural tag (JSON text), e.g. a model's own tool-call
+    format with each tool's argument schema (what the gateway sends for ``tool_choice``)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -126,6 +138,12 @@ class SamplingParams:
                 f"min_new_tokens must be an int in [0, max_new_tokens ({self.max_new_tokens})], "
                 f"got {self.min_new_tokens!r}"
             )
+        given = [k for k in CONSTRAINT_KEYS if getattr(self, k) is not None]
+        for key in given:
+            if not (isinstance(getattr(self, key), str) and getattr(self, key)):
+                raise ValueError(f"{key} must be a non-empty string, got {getattr(self, key)!r}")
+        if len(given) > 1:
+            raise ValueError(f"at most one of {', '.join(CONSTRAINT_KEYS)} may be set, got {given}")
 
     @property
     def greedy(self) -> bool:
@@ -140,6 +158,15 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
             or self.min_new_tokens > 0
         )
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """The constrained-decoding key that is set and its value, or None."""
+        for key in CONSTRAINT_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                return key, value
+        return None
 
     def continuation(self, piece: int, max_new_tokens: int) -> SamplingParams:
         """The sampling of the ``piece``-th continuation (1, 2, ...) of a generation the engine

@@ -78,6 +78,7 @@ from agentrl.engine_pool.engine import (
     SamplingParams,
     check_input_ids,
 )
+from agentrl.engine_pool.grammar import GrammarCompiler, accept, constrain_logits
 from agentrl.engine_pool.kv_batch import DecodeBatch
 from agentrl.engine_pool.penalties import penalized_logits
 from agentrl.engine_pool.prefix_cache import PrefixCache
@@ -149,6 +150,7 @@ class LocalEngine:
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._ids = itertools.count()
+        self._grammars: GrammarCompiler | None = None  # made at the first constrained request
         self._vocab_size = 0  # these two are read from the model in start()
         self._max_context: int | None = None
         self.stats = EngineStats()
@@ -227,11 +229,13 @@ class LocalEngine:
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         ids = check_input_ids(input_ids, self._vocab_size, self._max_context)
-        if sampling.stop and self._tokenizer is None:
+        if (sampling.stop or sampling.constraint) and self._tokenizer is None:
+            what = "stop strings" if sampling.stop else "constrained decoding"
             raise ValueError(
-                "stop strings need the engine's tokenizer: pass LocalEngine(tokenizer=...) "
+                f"{what} need the engine's tokenizer: pass LocalEngine(tokenizer=...) "
                 "with a model object"
             )
+        grammar = await self._grammar(sampling) if sampling.constraint else None
         request = RequestState(
             request_id=f"local-{next(self._ids)}",
             session_id=session_id,
@@ -240,10 +244,23 @@ class LocalEngine:
             generator=request_generator(sampling, self.model.device),
             future=asyncio.get_running_loop().create_future(),
             stop_tail_tokens=stop_tail_tokens(sampling.stop, self._encode) if sampling.stop else 0,
+            grammar=grammar,
         )
         self._waiting.append(request)
         self._wakeup.set()
         return await request.future
+
+    async def _grammar(self, sampling: SamplingParams) -> Any:
+        """A matcher for the request's constraint, compiled off the event loop and the model's
+        thread (a large JSON schema takes seconds); ``ValueError`` if the constraint is invalid."""
+        constraint = sampling.constraint
+        assert constraint is not None and self._tokenizer is not None
+        if self._grammars is None:
+            self._grammars = await asyncio.to_thread(
+                GrammarCompiler, self._tokenizer, self._vocab_size, self._eos
+            )
+        compiled = await asyncio.to_thread(self._grammars.compile, *constraint)
+        return GrammarCompiler.matcher(compiled, sampling.stop_token_ids)
 
     async def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
@@ -376,6 +393,7 @@ class LocalEngine:
     def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
         rows = self._running
         logits = penalized_logits(logits, [(r.sampling, r.token_ids) for r in rows], self._eos)
+        logits = constrain_logits(logits, [r.grammar for r in rows])  # after penalties, as SGLang
         return sample_next_tokens(logits, [r.sampling for r in rows], [r.generator for r in rows])
 
     def _record(self, tokens: list[int], logprobs: list[float]) -> None:
@@ -386,8 +404,18 @@ class LocalEngine:
         for request, token, logprob in zip(self._running, tokens, logprobs, strict=True):
             if request.done:  # aborted or cancelled while the step ran: discard its token
                 continue
+            ended = False
+            if request.grammar is not None:
+                try:
+                    ended = accept(request.grammar, token)
+                except RuntimeError as exc:
+                    self._fail([request], exc)
+                    continue
             self.stats.tokens_generated += 1
             if request.append(token, logprob, version, self._eos, self._max_context, self._decode):
+                self.stats.requests_finished += 1
+            elif ended:  # the grammar's end, checked after stop tokens and limits (as SGLang)
+                request.finish("stop", version)
                 self.stats.requests_finished += 1
 
     async def _drop_done(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -59,6 +60,8 @@ class RequestState:
     stop_tail_tokens: int = 0
     """Generated tokens decoded to look for the stop strings (:mod:`.stop_strings`)."""
     matched_stop: str | None = None
+    grammar: Any = None
+    """The request's ``xgrammar.GrammarMatcher`` when its sampling is constrained (:mod:`.grammar`)."""
 
     @property
     def done(self) -> bool:

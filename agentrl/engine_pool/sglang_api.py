@@ -42,7 +42,12 @@ from typing import Any
 
 import torch
 
-from agentrl.engine_pool.engine import FinishReason, GenerateResult, SamplingParams
+from agentrl.engine_pool.engine import (
+    CONSTRAINT_KEYS,
+    FinishReason,
+    GenerateResult,
+    SamplingParams,
+)
 from agentrl.engine_pool.sglang_sampling import (
     PENALTY_KEYS,
     ContractError,
@@ -82,6 +87,9 @@ def generate_request(
         value = getattr(sampling, key)
         if value != SamplingParams.__dataclass_fields__[key].default:
             params[key] = value
+    if sampling.constraint is not None:
+        key, value = sampling.constraint
+        params[key] = value
     return {
         "input_ids": list(input_ids),
         "sampling_params": params,
@@ -126,6 +134,8 @@ def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str | 
         *PENALTY_KEYS,
     }
     values = {key: raw[key] for key in known if raw.get(key) is not None}
+    # constrained decoding: an empty string is unset, as SGLang's SamplingParams reads it
+    values |= {key: raw[key] for key in CONSTRAINT_KEYS if raw.get(key) not in (None, "")}
     if values.get("top_k") == -1:
         values["top_k"] = 0
     if "stop_token_ids" in values:

@@ -12,15 +12,17 @@ The key list is SGLang 0.5.23's own request contract (``sglang/api/v1/api_types.
   ``presence_penalty``, ``repetition_penalty``) and ``min_new_tokens`` (SGLang's penalizers, in
   :mod:`agentrl.engine_pool.penalties`), ``no_stop_trim``, ``skip_special_tokens``,
   ``spaces_between_special_tokens`` (the last three change only the response's ``text``), ``min_p``
-  (after top-k and top-p, as SGLang's sampler applies it), ``n`` = 1.
+  (after top-k and top-p, as SGLang's sampler applies it), ``n`` = 1, and constrained decoding's
+  ``json_schema``, ``regex``, ``ebnf`` and ``structural_tag`` (:mod:`agentrl.engine_pool.grammar`:
+  xgrammar, as SGLang's default backend; an empty string is unset, as in SGLang).
 * **Accepted by SGLang, not implemented here**: accepted when the value is SGLang's default (or
   what SGLang reads as unset: ``null``, an empty grammar string, an empty ``stop_regex``,
   ``logit_bias`` or ``custom_params``); any other value is refused with a
   :class:`ProtocolError` (400, ``{"error": {"message": ...}}``, the
-  shape SGLang uses for a bad sampling value) whose message names the key. Constrained decoding (``json_schema``, ``regex``, ``ebnf``,
-  ``structural_tag``, ``choice``), ``stop_regex``, ``logit_bias``, beams, watermarks and
-  ``stream_interval`` are of this kind: agentrl's sampler does not implement them, so the sampled
-  distribution would differ from the one the log-probs describe.
+    shape SGLang uses for a bad sampling value) whose message names the key. ``choice``,
+  ``stop_regex``, ``logit_bias``, beams, watermarks and ``stream_interval`` are of this kind:
+  agentrl's sampler does not implement them, so the sampled distribution would differ from the one
+  the log-probs describe.
 
 Values of honoured keys are checked with SGLang's own limits and messages
 (``SamplingParams.verify``): ``top_k`` must be -1 or >= 1 (0 is refused, as SGLang refuses it),
@@ -90,6 +92,10 @@ HONOURED_KEYS = frozenset(
         "presence_penalty",
         "repetition_penalty",
         "min_new_tokens",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
     }
 )
 
@@ -105,10 +111,6 @@ PENALTY_KEYS: tuple[str, ...] = (
 _UNSET: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "beam_width": (None,),
-    "json_schema": (None, ""),
-    "regex": (None, ""),
-    "ebnf": (None, ""),
-    "structural_tag": (None, ""),
     "stop_regex": (None, [], ""),
     "stream_interval": (None,),
     "logit_bias": (None, {}),
@@ -199,6 +201,9 @@ def _verify_values(raw: dict[str, Any]) -> None:
         raise ProtocolError(
             f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."
         )
+    constraints = [raw.get(k) for k in ("json_schema", "regex", "ebnf", "structural_tag")]
+    if sum(c not in (None, "") for c in constraints) > 1:  # SGLang reads "" as unset
+        raise ProtocolError("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
     if max_new == 0:  # SGLang answers no tokens; agentrl's engine always generates one
         raise ProtocolError(
             "sampling_params `max_new_tokens` = 0 is not supported by agentrl serve (its engine "

@@ -157,6 +157,30 @@ class HermesParser:
         ).replace("</", "<\\/")
         return f"{self.OPEN}\n{payload}\n{self.CLOSE}"
 
+    def structural_tag(self, tools: list[dict[str, Any]], name: str | None = None) -> str:
+        """An xgrammar structural tag (JSON text) under which a model can only write calls in this
+        format: one or more (``name`` None: OpenAI's ``tool_choice="required"``) or exactly one call
+        of the tool ``name`` (a named ``tool_choice``), nothing before the first; each call's
+        arguments are a JSON object, valid under the tool's ``parameters`` when the tool is
+        ``"strict": true`` (OpenAI's rule: without ``strict`` the schema is not enforced). It is
+        xgrammar's own tag for this layout (its ``qwen_3`` format, reasoning off), which
+        :meth:`format` writes and :meth:`parse` reads. ``tools`` are OpenAI's tool objects."""
+        import xgrammar as xgr
+
+        shaped: list[Any] = []
+        for tool in tools:
+            function = dict(tool["function"])
+            if not function.get("strict"):
+                function["parameters"] = {"type": "object"}
+            shaped.append({"type": "function", "function": function})
+        choice: Any = (
+            "required" if name is None else {"type": "function", "function": {"name": name}}
+        )
+        tag = xgr.get_builtin_structural_tag(
+            "qwen_3", tools=shaped, tool_choice=choice, reasoning=False
+        )
+        return tag.model_dump_json()
+
     def _interpret(self, span: _Span, text: str) -> ToolCall | ToolCallError:
         raw = span.raw(text)
         if span.body is None:

@@ -18,9 +18,12 @@ from agentrl.engine_pool.sglang_sampling import check_sampling_keys, response_te
 
 
 def test_a_default_value_is_accepted_and_any_other_refused_naming_the_key():
-    check_sampling_keys({"repetition_penalty": 1.0, "presence_penalty": 0, "regex": "", "n": 1})
+    check_sampling_keys(
+        {"repetition_penalty": 1.0, "presence_penalty": 0, "stop_regex": "", "n": 1}
+    )
     check_sampling_keys({"repetition_penalty": 1.05, "min_new_tokens": 1, "min_p": 0.1})  # honoured
-    for key, value in [("n", 2), ("regex", "a")]:
+    check_sampling_keys({"regex": "a", "json_schema": ""})  # constrained decoding is honoured
+    for key, value in [("n", 2), ("stop_regex", "a")]:
         with pytest.raises(ProtocolError, match=f"`{key}` = {value!r} is not supported"):
             check_sampling_keys({key: value})
     with pytest.raises(ContractError, match="unknown field `seed`, expected one of"):
@@ -38,6 +41,18 @@ def test_min_p_travels_both_ways_between_an_sglang_client_and_agentrl_serve():
     _, received, _, _ = parse_generate_request(body)
     assert (received.min_p, received.top_k) == (0.2, 5)
     assert "min_p" not in generate_request([1, 2], SamplingParams(), "r2")["sampling_params"]
+
+
+def test_a_constraint_travels_both_ways_and_an_empty_one_is_unset_as_in_sglang():
+    sent = SamplingParams(regex="(yes|no)")
+    body = generate_request([1, 2], sent, "r1")
+    assert body["sampling_params"]["regex"] == "(yes|no)"
+    assert parse_generate_request(body)[1].constraint == ("regex", "(yes|no)")
+    unset = {"input_ids": [1], "sampling_params": {"json_schema": "", "regex": None}}
+    assert parse_generate_request(unset)[1].constraint is None
+    two = {"input_ids": [1], "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}}
+    with pytest.raises(ProtocolError, match="Only one of json_schema, regex, ebnf, or structural_"):
+        parse_generate_request(two)
 
 
 def test_text_is_trimmed_at_the_stop_as_sglangs_detokenizer_does(tokenizer):

@@ -67,12 +67,15 @@ HONOURED: list[dict[str, Any]] = [
         "repetition_penalty": 2,
         "min_new_tokens": 4,
     },
-]
-UNSUPPORTED: list[dict[str, Any]] = [
-    {"n": 2},
     {"json_schema": '{"type": "object"}'},
     {"regex": "a+"},
     {"ebnf": 'root ::= "a"'},
+    {
+        "structural_tag": '{"type": "structural_tag", "format": {"type": "const_string", "value": "a"}}'
+    },
+]
+UNSUPPORTED: list[dict[str, Any]] = [
+    {"n": 2},
     {"stop_regex": "a+b"},
     {"logit_bias": {"5": 1.5}},
     {"custom_params": {"x": 1}},
@@ -96,6 +99,7 @@ REFUSED: list[dict[str, Any]] = [
     {"min_new_tokens": -1},
     {"min_p": 1.5},
     {"min_p": -0.1},
+    {"regex": "a+", "ebnf": 'root ::= "a"'},  # at most one constraint
 ]
 
 

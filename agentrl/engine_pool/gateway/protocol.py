@@ -5,7 +5,9 @@
 object with its HTTP status) naming the bad field. Every field is one of:
 
 * supported: ``model``, ``messages`` / ``prompt``, ``tools``, ``tool_choice`` (``"auto"``,
-  ``"none"``), ``n``, ``temperature``, ``top_p``, ``top_k`` and ``min_p`` (SGLang/vLLM extensions),
+  ``"none"``, and, by constrained decoding, ``"required"`` and a named function
+  ``{"type": "function", "function": {"name": ...}}``), ``response_format`` (``text``, and by
+  constrained decoding ``json_object`` and ``json_schema``), ``n``, ``temperature``, ``top_p``, ``top_k`` and ``min_p`` (SGLang/vLLM extensions),
   ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``seed``, ``logprobs`` (chat: a bool;
   completions: ``0``, the sampled tokens' log-probs), ``stream``, ``stream_options``
   (``include_usage``);
@@ -14,10 +16,8 @@ object with its HTTP status) naming the bad field. Every field is one of:
   those (rllm-model-gateway's proxy sends ``"extra_body": {"return_token_ids": true}`` in the
   body, where the openai SDK's ``extra_body`` would have merged it), and the refused fields
   below at their default values (``frequency_penalty: 0``, ``top_logprobs: 0``,
-  ``parallel_tool_calls: true``,
-  ``response_format: {"type": "text"}``, ``logit_bias: {}``, ``echo: false``, ``best_of: 1``...);
+  ``parallel_tool_calls: true``, ``logit_bias: {}``, ``echo: false``, ``best_of: 1``...);
 * refused with 400 (the engine cannot honour them): any other value of those fields,
-  ``tool_choice`` ``"required"`` or a named function (that needs constrained decoding),
   ``top_logprobs > 0`` (engines return the sampled token's log-prob only), and every field not
   listed here.
 
@@ -52,7 +52,6 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({},),
     "top_logprobs": (0,),
     "parallel_tool_calls": (True,),
-    "response_format": ({"type": "text"},),
     "store": (False,),
     "echo": (False,),
     "best_of": (1,),
@@ -64,7 +63,9 @@ _COMMON = {
     "model", "n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed",
     "stream", "stream_options", "logprobs",
 }  # fmt: skip
-_CHAT_FIELDS = _COMMON | {"messages", "tools", "tool_choice", "max_completion_tokens"}
+_CHAT_FIELDS = _COMMON | {
+    "messages", "tools", "tool_choice", "max_completion_tokens", "response_format",
+}  # fmt: skip
 _COMPLETION_FIELDS = _COMMON | {"prompt"}
 
 
@@ -125,8 +126,12 @@ class ChatRequest:
     model: str
     messages: list[Message]
     tools: list[dict[str, Any]] | None
-    tool_choice: Literal["auto", "none"]
+    tool_choice: Literal["auto", "none", "required"]
+    """``"required"`` also stands for a named function, whose name is ``forced_tool``."""
     sampling: Sampling
+    forced_tool: str | None = None
+    json_schema: str | None = None
+    """``response_format``'s schema as JSON text (``json_object``: any JSON object), or None."""
 
 
 @dataclass(frozen=True)
@@ -149,19 +154,65 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise bad_request("messages must be a non-empty list of messages", "messages")
     messages = [normalize_message(m, f"messages[{i}]") for i, m in enumerate(raw)]
     tools = _tools(body.get("tools"))
-    choice = body.get("tool_choice", "auto")
-    if choice is None:
-        choice = "auto"
-    if choice not in ("auto", "none"):
-        raise bad_request(
-            f"tool_choice {choice!r} is not supported: the gateway does not constrain decoding; "
-            "use 'auto' or 'none'",
-            "tool_choice",
-        )
+    choice, forced = _tool_choice(body.get("tool_choice"), tools)
     logprobs = body.get("logprobs", False)
     if logprobs is not None and not isinstance(logprobs, bool):
         raise bad_request(f"logprobs must be a boolean, got {logprobs!r}", "logprobs")
-    return ChatRequest(_model(body), messages, tools, choice, _sampling(body, bool(logprobs)))
+    sampling = _sampling(body, bool(logprobs))
+    schema = _response_format(body.get("response_format"))
+    if schema is not None and choice == "required":
+        raise bad_request(
+            "response_format json_object or json_schema cannot be combined with tool_choice "
+            "'required' or a named function: both constrain the whole reply",
+            "response_format",
+        )
+    return ChatRequest(_model(body), messages, tools, choice, sampling, forced, schema)
+
+
+def _response_format(value: Any) -> str | None:
+    """OpenAI's ``response_format``: None for text, else the JSON schema the reply must meet."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if value is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    spec = value.get("json_schema") if kind == "json_schema" else None
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise bad_request(
+            "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+            f"{{'type': 'json_schema', 'json_schema': {{'name': ..., 'schema': {{...}}}}}}, got {value!r}",
+            "response_format",
+        )
+    return json.dumps(schema)
+
+
+def _tool_choice(
+    value: Any, tools: list[dict[str, Any]] | None
+) -> tuple[Literal["auto", "none", "required"], str | None]:
+    """OpenAI's ``tool_choice``: ``("auto" | "none" | "required", None)``, or ``("required",
+    name)`` for a named function, which must be one of ``tools``."""
+    if value is None or value in ("auto", "none"):
+        return value or "auto", None
+    if value == "required":
+        if not tools:
+            raise bad_request(
+                "tool_choice 'required' needs at least one tool in tools", "tool_choice"
+            )
+        return "required", None
+    function = value.get("function") if isinstance(value, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not (isinstance(value, dict) and value.get("type") == "function" and isinstance(name, str)):
+        raise bad_request(
+            f"tool_choice must be 'auto', 'none', 'required' or {{'type': 'function', "
+            f"'function': {{'name': ...}}}}, got {value!r}",
+            "tool_choice",
+        )
+    if name not in {tool["function"]["name"] for tool in tools or ()}:
+        raise bad_request(
+            f"tool_choice names the function {name!r}, which is not in tools", "tool_choice"
+        )
+    return "required", name
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:

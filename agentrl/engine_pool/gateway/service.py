@@ -20,11 +20,22 @@ end-of-turn ids besides the engine's own. ``max_tokens`` defaults to the room le
 and token budget whatever the agent asks) rewrites each chat request's sampling fields, given the
 prompt's length, before they are checked.
 
+Tool choice. ``"auto"`` reads tool calls from whatever the model writes; ``"none"`` reads none;
+``"required"`` and a named function constrain decoding (:mod:`agentrl.engine_pool.grammar`) with
+the parser's structural tag (:meth:`~agentrl.tools.HermesParser.structural_tag`): the model must
+open its reply with a call in the parser's own format (of the named tool, exactly once; of any tool,
+once or more), so what it samples is what the template renders for the call, and the reply is
+parsed as for ``"auto"``. The engine samples from, and reports the log-probs of, the constrained
+distribution (as SGLang does). ``response_format`` ``json_object`` / ``json_schema`` constrain the
+reply to JSON (any object / valid under the schema) the same way. An engine without constrained
+decoding refuses the request (400).
+
 Aborted generations. With ``resume_aborted=True`` a generation the engine aborts (a weight update
 under ``stream.partial_rollouts="abort"``) is continued from its tokens with the rest of its token
 budget, as the rollout runner does, and the caller gets one reply: its ids are the pieces' ids in
 order, each token tagged with the weight version that sampled it. Without it (the default) the
-reply ends with ``finish_reason`` ``"abort"``.
+reply ends with ``finish_reason`` ``"abort"``. A constrained generation (a required tool call) is
+not continued: its grammar would start again at the seam; it ends with ``"abort"``.
 """
 
 from __future__ import annotations
@@ -158,8 +169,12 @@ class Gateway:
         if self.sampling_policy is not None:
             asked = self.sampling_policy(asked, len(prompt))
         sampling = self._sampling(asked, len(prompt), self.format.end_of_turn_ids)
+        if request.tool_choice == "required":
+            sampling = dataclasses.replace(sampling, structural_tag=self._tool_constraint(request))
+        elif request.json_schema is not None:  # response_format json_object / json_schema
+            sampling = dataclasses.replace(sampling, json_schema=request.json_schema)
         results = await self._generate(prompt, sampling, asked.n, session_id)
-        parser = self.parser if request.tools and request.tool_choice == "auto" else None
+        parser = self.parser if request.tools and request.tool_choice != "none" else None
         choices = []
         for i, result in enumerate(results):
             text = self._text(result)
@@ -188,6 +203,23 @@ class Gateway:
             ]
             session.commit(start, request.messages, request.tools, outcomes)
         return Completed(self._header("chatcmpl"), prompt, choices)
+
+    def _tool_constraint(self, request: ChatRequest) -> str:
+        """The structural tag that makes the model call a tool (``tool_choice`` ``"required"`` or
+        a named function) in the tool-call parser's own format (:meth:`HermesParser.structural_tag`)."""
+        constrain = getattr(self.parser, "structural_tag", None)
+        if constrain is None:
+            raise bad_request(
+                f"tool_choice 'required' or a named function needs a tool-call parser that can "
+                f"constrain its format; {type(self.parser).__name__} cannot (HermesParser can)",
+                "tool_choice",
+            )
+        try:
+            return str(constrain(request.tools or [], request.forced_tool))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise bad_request(
+                f"the tools cannot be turned into a constraint: {exc}", "tools"
+            ) from None
 
     def _start(self, request: ChatRequest, session: Session | None) -> Start:
         """The builder that holds this call's prompt: a fork of the segment it extends, or new."""
@@ -336,7 +368,9 @@ class Gateway:
         result = await self.engine.generate(prompt, sampling, session_id=routing)
         pieces = [result]
         budget = sampling.max_new_tokens - len(result.token_ids)
-        while self.resume_aborted and result.finish_reason == "abort" and budget > 0:
+        # a constrained generation is not resumed: its grammar would restart at the seam
+        resumable = self.resume_aborted and sampling.constraint is None
+        while resumable and result.finish_reason == "abort" and budget > 0:
             sampling = sampling.continuation(len(pieces), budget)
             sampled = [i for piece in pieces for i in piece.token_ids]
             result = await self.engine.generate(prompt + sampled, sampling, session_id=routing)

@@ -113,6 +113,68 @@ def test_tool_call_session_is_token_exact(url, serve_url):
     assert get_json(f"{url}/sessions/{session}/trajectories")[0] == 404
 
 
+def test_tool_choice_required_and_named_make_the_model_call_a_tool(url, serve_url):
+    """Constrained decoding: asked for a joke, SmolLM2 answers in text; with ``tool_choice``
+    ``"required"`` or naming ``add``, it calls ``add``, arguments under its schema (``strict``),
+    in the parser's own format. The engine's own ``/generate``, given the recorded prompt and the
+    parser's structural tag, samples the recorded ids."""
+    from agentrl.tools import HermesParser
+
+    sdk = client(url, f"required-{uuid.uuid4().hex}")
+    messages = [{"role": "user", "content": "Tell me a joke."}]
+    strict = {"type": "function", "function": {**ADD_TOOL["function"], "strict": True}}
+    free = sdk.chat.completions.create(model="smollm2", messages=messages, tools=[strict], **GREEDY)
+    assert not free.choices[0].message.tool_calls
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        response = sdk.chat.completions.create(
+            model="smollm2",
+            messages=messages,
+            tools=[strict],
+            tool_choice=choice,  # type: ignore[arg-type]
+            temperature=0,
+            max_tokens=80,
+        )
+        (call,) = response.choices[0].message.tool_calls
+        assert response.choices[0].finish_reason == "tool_calls"
+        assert call.function.name == "add"
+        arguments = json.loads(call.function.arguments)
+        assert set(arguments) == {"a", "b"} and all(type(v) is int for v in arguments.values())
+    prompt, sampled = ids(response)
+    tag = HermesParser().structural_tag([strict], "add")
+    params = {"temperature": 0, "max_new_tokens": 80, "structural_tag": tag}
+    native = post_json(f"{serve_url}/generate", {"input_ids": prompt, "sampling_params": params})
+    assert native["output_ids"] == sampled
+
+
+def test_response_format_constrains_the_reply_to_json(url):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
+    cases: list[tuple[str, Any]] = [
+        (
+            "Name a big city.",
+            {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        ),
+        ('Give the capital of France as JSON: {"capital": ...}', {"type": "json_object"}),
+    ]
+    for question, response_format in cases:
+        response = client(url).chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": question}],
+            response_format=response_format,
+            temperature=0,
+            max_tokens=60,
+        )
+        assert response.choices[0].finish_reason == "stop"
+        reply = json.loads(response.choices[0].message.content or "")
+        assert isinstance(reply, dict)
+        if response_format["type"] == "json_schema":
+            assert set(reply) == {"city", "population"} and type(reply["population"]) is int
+
+
 def test_rewritten_history_starts_a_new_segment(url):
     session = f"rewrite-{uuid.uuid4().hex}"
     sdk = client(url, session)
@@ -207,9 +269,18 @@ def test_errors_are_openai_error_objects_and_the_server_keeps_serving(url, gatew
             {"messages": user, "tools": [{"type": "function", "function": {"name": "a b"}}]},
             "tools[0].function.name",
         ),
-        ({"messages": user, "tool_choice": "required", "tools": [ADD_TOOL]}, "tool_choice"),
+        ({"messages": user, "tool_choice": "required"}, "tool_choice"),  # and no tools
+        (
+            {
+                "messages": user,
+                "tool_choice": {"type": "function", "function": {"name": "sub"}},
+                "tools": [ADD_TOOL],
+            },
+            "tool_choice",
+        ),
         ({"messages": user, "logprobs": True, "top_logprobs": 3}, "top_logprobs"),
         ({"messages": user, "frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"messages": user, "response_format": {"type": "yaml"}}, "response_format"),
     ]
     for fields, param in cases:
         with pytest.raises(openai.BadRequestError) as caught:

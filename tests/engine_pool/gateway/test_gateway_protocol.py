@@ -81,7 +81,13 @@ def test_chat_request_refusals_name_the_field():
         tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
     )
     refused("tools[1].function.name", tools=[ADD_TOOL, ADD_TOOL])
-    refused("tool_choice", tool_choice={"type": "function", "function": {"name": "add"}})
+    refused("tool_choice", tool_choice="required")  # and no tools
+    refused(
+        "tool_choice",
+        tool_choice={"type": "function", "function": {"name": "sub"}},
+        tools=[ADD_TOOL],
+    )
+    refused("tool_choice", tool_choice={"type": "function", "name": "add"}, tools=[ADD_TOOL])
     refused("presence_penalty", presence_penalty=1.0)
     refused("max_tokens", max_tokens=0)
     refused("max_tokens", max_tokens=5, max_completion_tokens=5)
@@ -92,6 +98,36 @@ def test_chat_request_refusals_name_the_field():
         "'extra_body.guided_json'" in refused("extra_body", extra_body={"guided_json": {}}).message
     )
     refused("extra_body", extra_body=["return_token_ids"])
+
+
+def test_tool_choice_required_or_named_is_read():
+    assert chat(tool_choice="required", tools=[ADD_TOOL]).tool_choice == "required"
+    named = chat(tool_choice={"type": "function", "function": {"name": "add"}}, tools=[ADD_TOOL])
+    assert (named.tool_choice, named.forced_tool) == ("required", "add")
+    assert (chat(tool_choice=None).tool_choice, chat(tool_choice="none").tool_choice) == (
+        "auto",
+        "none",
+    )
+
+
+def test_response_format_becomes_a_json_schema():
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    wrapped = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    assert json.loads(chat(response_format=wrapped).json_schema) == schema
+    assert json.loads(chat(response_format={"type": "json_object"}).json_schema) == {
+        "type": "object"
+    }
+    assert chat(response_format={"type": "text"}).json_schema is None
+    refused(
+        "response_format", response_format={"type": "json_schema", "json_schema": {"name": "x"}}
+    )
+    refused("response_format", response_format={"type": "xml"})
+    refused(
+        "response_format",
+        response_format={"type": "json_object"},
+        tool_choice="required",
+        tools=[ADD_TOOL],
+    )
 
 
 def test_completion_request_takes_text_or_token_ids():

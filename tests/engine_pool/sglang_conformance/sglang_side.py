@@ -55,6 +55,19 @@ against one server, so a ``/pause_generation`` holds the requests after it as on
     ``get_tokenizer``, as the scheduler loads it, until the request finishes. Per
     case: ``finished_len`` (the ids kept) and ``finish_reason`` (``FINISH_*.to_json()``), or
     ``null`` for both when it never finishes.
+``grammar`` (stdin: ``{"tokenizer": <a tokenizer directory>, "vocab_size": V, "eos_token_ids":
+[...], "cases": [{"kind": "json_schema" | "regex" | "ebnf" | "structural_tag", "value", "output_ids"}]}``)
+    SGLang's default grammar backend, ``XGrammarGrammarBackend(tokenizer, vocab_size,
+    model_eos_token_ids)`` as the scheduler builds it, with the tokenizer loaded by SGLang's
+    ``get_tokenizer``: ``dispatch_<kind>(value)``, then for each output id the vocabulary mask the
+    scheduler fills before sampling it (``allocate_vocab_mask``, ``fill_vocab_mask``), then
+    ``accept_token`` and ``is_terminated``. Per case: ``invalid`` (SGLang's
+    ``InvalidGrammarObject``) or per step the mask's sha256, whether the id was allowed and whether
+    the grammar has ended.
+``tool-calls`` (stdin: ``{"parser": <an SGLang tool-call parser name>, "tools": [OpenAI tools],
+"texts": [...]}``)
+    SGLang's ``FunctionCallParser(tools, parser).parse_non_stream(text)``: per text, the calls
+    (name and decoded arguments) SGLang's OpenAI server would return.
 ``penalties`` (stdin: ``{"vocab_size": V, "cases": [{"logits": [V floats], "sampling_params":
 {...}, "output_ids": [...], "eos_token_ids": [...]}]}``)
     The logits SGLang samples a request's next token from, after it generated ``output_ids``. A
@@ -707,6 +720,50 @@ def penalties(spec: dict[str, Any]) -> list[list[float]]:
 # -- join-group ---------------------------------------------------------------------------------
 
 
+def grammar(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    import hashlib
+
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+    tokenizer = get_tokenizer(spec["tokenizer"])
+    backend = XGrammarGrammarBackend(
+        tokenizer, vocab_size=spec["vocab_size"], model_eos_token_ids=spec["eos_token_ids"]
+    )
+    answers = []
+    for case in spec["cases"]:
+        # the scheduler's names: sampling_params.json_schema goes to dispatch_json
+        kind = {"json_schema": "json"}.get(case["kind"], case["kind"])
+        dispatch = getattr(backend, f"dispatch_{kind}")
+        compiled = dispatch(case["value"])
+        if not hasattr(compiled, "matcher"):  # InvalidGrammarObject
+            answers.append({"invalid": True})
+            continue
+        steps = []
+        for token in case["output_ids"]:
+            mask = compiled.allocate_vocab_mask(spec["vocab_size"], 1, "cpu")
+            compiled.fill_vocab_mask(mask, 0)
+            allowed = bool((int(mask[0, token // 32]) >> (token % 32)) & 1)
+            digest = hashlib.sha256(mask.numpy().tobytes()).hexdigest()
+            compiled.accept_token(token)
+            steps.append({"mask": digest, "allowed": allowed, "ended": compiled.is_terminated()})
+        answers.append({"invalid": False, "steps": steps})
+    return answers
+
+
+def tool_calls(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    from sglang.srt.entrypoints.openai.protocol import Tool
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+    tools = [Tool(**tool) for tool in spec["tools"]]
+    answers = []
+    for text in spec["texts"]:
+        parser = FunctionCallParser(tools, spec["parser"])
+        _, calls = parser.parse_non_stream(text)
+        answers.append([{"name": c.name, "arguments": json.loads(c.parameters)} for c in calls])
+    return answers
+
+
 def join_group(args: argparse.Namespace, out: Any) -> int:
     def emit(event: dict[str, Any]) -> None:
         out.write(json.dumps(event) + "\n")
@@ -764,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("fp8-layers")
     commands.add_parser("stop-strings")
     commands.add_parser("penalties")
+    commands.add_parser("grammar")
+    commands.add_parser("tool-calls")
     join = commands.add_parser("join-group")
     join.add_argument("--master-address", required=True)
     join.add_argument("--master-port", type=int, required=True)
@@ -788,6 +847,10 @@ def main(argv: list[str] | None = None) -> int:
                 answer = stop_strings(spec)
             elif args.command == "penalties":
                 answer = penalties(spec)
+            elif args.command == "grammar":
+                answer = grammar(spec)
+            elif args.command == "tool-calls":
+                answer = tool_calls(spec)
             else:
                 answer = decode_payloads(spec)
             if "torchvision" in sys.modules:  # the placeholder must stay private to two modules
