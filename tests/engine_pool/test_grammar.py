@@ -238,15 +238,16 @@ async def test_sglangs_tool_call_parser_reads_the_forced_calls_as_ours(
     parser = HermesParser()
     messages = [{"role": "user", "content": "Tell me a joke."}]
     ids = prompt(tokenizer, messages, tools=[ADD])
-    texts = []
-    for name in (None, "add"):
-        tag = parser.structural_tag([ADD], name)
-        for seed in (1, 2):
-            params = SamplingParams(
-                temperature=1.0, seed=seed, max_new_tokens=80, structural_tag=tag
-            )
-            result = await engine.generate(ids, params)
-            texts.append(text(tokenizer, result))
+    tags = [parser.structural_tag([ADD], name) for name in (None, "add")]
+    results = await asyncio.gather(
+        *(
+            engine.generate(ids, SamplingParams(temperature=1.0, seed=seed, max_new_tokens=80,
+                                                structural_tag=tag))
+            for tag in tags
+            for seed in (1, 2)
+        )
+    )  # fmt: skip
+    texts = [text(tokenizer, result) for result in results]
     spec = {"parser": "qwen25", "tools": [ADD], "texts": texts}
     judged = await asyncio.to_thread(side, side_python, "tool-calls", spec)
     ours = [
