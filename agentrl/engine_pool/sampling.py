@@ -8,9 +8,13 @@ Which distribution a log-prob refers to (the trainer uses the same function, so 
   :func:`agentrl.training.logprobs.token_logprobs` recomputes it from a full forward pass.
 * Greedy decoding (``T == 0``) has no softmax of its own; its log-probs are taken at ``T = 1``
   (:func:`logprob_temperature`), and the trainer must score such tokens at ``T = 1`` as well.
-* top-k, top-p and min-p only restrict which tokens may be *sampled* (top-k first, then top-p on
-  the renormalised remainder, then min-p: SGLang's order). The reported log-prob stays that of the untruncated distribution, as in
-  verl and slime, because that is what the trainer can recompute from logits alone.
+* top-k, top-p and min-p only restrict which tokens may be *sampled*, as SGLang's sampler does:
+  without min-p, top-k and top-p jointly (a token is kept when it is among the ``top_k`` most likely
+  and the tokens more likely than it hold less than ``top_p`` of the whole distribution: SGLang's
+  ``filter_apply_order="joint"`` on a GPU, and its PyTorch sampler); with min-p, top-k, then top-p
+  on the renormalised remainder, then min-p (SGLang's ``min_p_sampling_from_probs`` path). The
+  reported log-prob stays that of the untruncated distribution, as in verl and slime, because that
+  is what the trainer can recompute from logits alone.
 
 Each request samples with its own ``torch.Generator``; a row's token depends only on its own
 logits, parameters and generator state, never on the other rows of the batch. Sampling is an
@@ -50,14 +54,18 @@ def temperature_logprobs(
 def filtered_probs(
     scaled_logits: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0
 ) -> torch.Tensor:
-    """Probabilities ``(V,)`` of one row after top-k, top-p then min-p filtering (sums to 1).
+    """Probabilities ``(V,)`` of one row after top-k, top-p and min-p filtering (sums to 1).
 
     ``scaled_logits`` are already divided by the temperature. ``top_k == 0``, ``top_p == 1`` and
-    ``min_p == 0`` disable their filter; at least the most likely token always survives. Min-p
-    keeps the tokens at least ``min_p`` times as likely as the most likely one (SGLang's order:
-    top-k and top-p renormalise, then min-p, whose ratio renormalising does not change).
+    ``min_p == 0`` disable their filter; at least the most likely token always survives. Without
+    min-p, top-k and top-p filter jointly, both measured on the whole distribution (SGLang's
+    sampler without min-p); with it, SGLang's min-p order: top-k and top-p renormalise one after
+    the other, then min-p keeps the tokens at least ``min_p`` times as likely as the most likely one
+    (a ratio renormalising does not change).
     """
     probs = torch.softmax(scaled_logits.float(), dim=-1)  # (V,)
+    if min_p == 0:
+        return _joint_top_k_top_p(probs, top_k, top_p)
     if 0 < top_k < probs.numel():
         keep = torch.zeros_like(probs, dtype=torch.bool)
         keep[torch.topk(probs, top_k).indices] = True
@@ -73,6 +81,18 @@ def filtered_probs(
         probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
         probs = probs / probs.sum()
     return probs
+
+
+def _joint_top_k_top_p(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``probs`` ``(V,)`` keeping the tokens among the ``top_k`` most likely whose more likely
+    tokens hold less than ``top_p`` of the mass, renormalised."""
+    sorted_probs, order = torch.sort(probs, descending=True)
+    keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p  # (V,) in sorted order
+    if 0 < top_k < probs.numel():
+        keep[top_k:] = False
+    sorted_probs = torch.where(keep, sorted_probs, 0.0)
+    probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return probs / probs.sum()
 
 
 def request_generator(

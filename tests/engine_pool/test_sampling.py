@@ -7,6 +7,7 @@ import torch
 from float_tolerance import tolerance
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_sglang_conformance import side, side_python  # noqa: F401
 
 from agentrl.engine_pool.engine import SamplingParams
 from agentrl.engine_pool.sampling import (
@@ -160,3 +161,29 @@ def test_sampled_rows_need_a_generator() -> None:
     assert sample_next_tokens(
         torch.tensor([[0.0, 2.0, 1.0]]), [SamplingParams(temperature=0)], [None]
     )[0] == [1]
+
+
+@pytest.mark.slow
+def test_top_k_and_top_p_keep_the_tokens_sglangs_sampler_keeps(side_python):  # noqa: F811
+    """Without min-p, SGLang filters top-k and top-p jointly (each on the whole distribution):
+    its own PyTorch sampler, in the side venv, keeps the same tokens as ``filtered_probs``."""
+    generator = torch.Generator().manual_seed(0)
+    cases = []
+    for top_k, top_p in [(3, 0.5), (5, 0.9), (40, 0.3), (2, 1.0), (0, 0.7), (10, 0.95)]:
+        for scale in (0.5, 2.0, 4.0):
+            logits = scale * torch.randn(64, generator=generator)
+            probs = torch.softmax(logits, -1)
+            cases.append({"probs": probs.tolist(), "top_k": top_k or 64, "top_p": top_p})
+    judged = side(side_python, "filters", {"cases": cases})
+    ours = [
+        filtered_probs(torch.log(torch.tensor(c["probs"])), c["top_k"], c["top_p"])
+        .nonzero()
+        .flatten()
+        .tolist()
+        for c in cases
+    ]
+    assert ours == judged
+    # where joint and one-after-the-other differ: top-2 holds 0.8 of the mass; renormalised,
+    # its first token alone (0.625) would pass top_p = 0.6
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert filtered_probs(logits, 2, 0.6).nonzero().flatten().tolist() == [0, 1]

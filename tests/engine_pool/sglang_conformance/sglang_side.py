@@ -64,6 +64,9 @@ against one server, so a ``/pause_generation`` holds the requests after it as on
     ``accept_token`` and ``is_terminated``. Per case: ``invalid`` (SGLang's
     ``InvalidGrammarObject``) or per step the mask's sha256, whether the id was allowed and whether
     the grammar has ended.
+``filters`` (stdin: ``{"cases": [{"probs": [V floats], "top_k": K, "top_p": P}]}``)
+    The tokens SGLang's PyTorch sampler may sample (``top_k_top_p_min_p_sampling_from_probs_torch``
+    with ``return_filtered_probs=True``, no min-p): per case, the sorted ids of nonzero weight.
 ``tool-calls`` (stdin: ``{"parser": <an SGLang tool-call parser name>, "tools": [OpenAI tools],
 "texts": [...]}``)
     SGLang's ``FunctionCallParser(tools, parser).parse_non_stream(text)``: per text, the calls
@@ -751,6 +754,27 @@ def grammar(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return answers
 
 
+def filters(spec: dict[str, Any]) -> list[list[int]]:
+    import torch
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+
+    answers = []
+    for case in spec["cases"]:
+        probs = torch.tensor([case["probs"]], dtype=torch.float32)
+        _, weights, index, _ = top_k_top_p_min_p_sampling_from_probs_torch(
+            probs,
+            torch.tensor([case["top_k"]]),
+            torch.tensor([case["top_p"]]),
+            torch.tensor([0.0]),
+            need_min_p_sampling=False,
+            sampling_seed=None,
+            positions=torch.zeros(1, dtype=torch.int64),
+            return_filtered_probs=True,
+        )
+        answers.append(sorted(int(i) for i in index[0][weights[0] > 0]))
+    return answers
+
+
 def tool_calls(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
     from sglang.srt.entrypoints.openai.protocol import Tool
     from sglang.srt.function_call.function_call_parser import FunctionCallParser
@@ -823,6 +847,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("penalties")
     commands.add_parser("grammar")
     commands.add_parser("tool-calls")
+    commands.add_parser("filters")
     join = commands.add_parser("join-group")
     join.add_argument("--master-address", required=True)
     join.add_argument("--master-port", type=int, required=True)
@@ -851,6 +876,8 @@ def main(argv: list[str] | None = None) -> int:
                 answer = grammar(spec)
             elif args.command == "tool-calls":
                 answer = tool_calls(spec)
+            elif args.command == "filters":
+                answer = filters(spec)
             else:
                 answer = decode_payloads(spec)
             if "torchvision" in sys.modules:  # the placeholder must stay private to two modules
