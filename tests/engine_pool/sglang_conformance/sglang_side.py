@@ -837,17 +837,24 @@ def join_group(args: argparse.Namespace, out: Any) -> int:
 # -- main ---------------------------------------------------------------------------------------
 
 
+COMMANDS: dict[str, Any] = {
+    "check-requests": check_requests,
+    "decode-payloads": decode_payloads,
+    "fp8-layers": fp8_layers,
+    "stop-strings": stop_strings,
+    "penalties": penalties,
+    "grammar": grammar,
+    "tool-calls": tool_calls,
+    "filters": filters,
+}
+"""The subcommands that read a JSON spec on stdin and answer JSON (``join-group`` takes arguments)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("check-requests")
-    commands.add_parser("decode-payloads")
-    commands.add_parser("fp8-layers")
-    commands.add_parser("stop-strings")
-    commands.add_parser("penalties")
-    commands.add_parser("grammar")
-    commands.add_parser("tool-calls")
-    commands.add_parser("filters")
+    for name in COMMANDS:
+        commands.add_parser(name)
     join = commands.add_parser("join-group")
     join.add_argument("--master-address", required=True)
     join.add_argument("--master-port", type=int, required=True)
@@ -864,22 +871,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "join-group":
                 return join_group(args, out)
             spec = json.load(sys.stdin)
-            if args.command == "check-requests":
-                answer: Any = check_requests(spec)
-            elif args.command == "fp8-layers":
-                answer = fp8_layers(spec)
-            elif args.command == "stop-strings":
-                answer = stop_strings(spec)
-            elif args.command == "penalties":
-                answer = penalties(spec)
-            elif args.command == "grammar":
-                answer = grammar(spec)
-            elif args.command == "tool-calls":
-                answer = tool_calls(spec)
-            elif args.command == "filters":
-                answer = filters(spec)
-            else:
-                answer = decode_payloads(spec)
+            answer: Any = COMMANDS[args.command](spec)
             if "torchvision" in sys.modules:  # the placeholder must stay private to two modules
                 raise RuntimeError("torchvision entered sys.modules; the harness's stub leaked")
         except Exception:
