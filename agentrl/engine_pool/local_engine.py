@@ -40,7 +40,9 @@ and dequantised to the engine's dtype, so the trainer's mismatch metric shows wh
 weights cost. Updates may send FP8 weights with their ``weight_scale_inv`` or full-precision ones.
 
 Guaranteed: per-request sampling (own ``torch.Generator`` seeded from ``SamplingParams.seed``; see
-`agentrl.engine_pool.sampling` for which distribution log-probs refer to); invalid input ids
+`agentrl.engine_pool.sampling` for which distribution log-probs refer to); constrained decoding
+(``json_schema``, ``regex``, ``ebnf``, ``structural_tag``: `agentrl.engine_pool.grammar`, compiled off
+the event loop, a request ending with its grammar); invalid input ids
 (empty, outside the vocabulary, no room left in the model's context) raise ``ValueError`` to that
 caller only; a failing forward pass fails the requests in it with ``EngineError`` and the engine
 keeps serving; if the scheduler itself dies, every pending and later call raises ``EngineError``;
