@@ -87,7 +87,9 @@ def _joint_top_k_top_p(probs: torch.Tensor, top_k: int, top_p: float) -> torch.T
     """``probs`` ``(V,)`` keeping the tokens among the ``top_k`` most likely whose more likely
     tokens hold less than ``top_p`` of the mass, renormalised."""
     sorted_probs, order = torch.sort(probs, descending=True)
-    keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p  # (V,) in sorted order
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)  # (V,) in sorted order
+    if top_p < 1.0:  # at 1, float32's cumulative sum may reach 1 before the last tokens
+        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
     if 0 < top_k < probs.numel():
         keep[top_k:] = False
     sorted_probs = torch.where(keep, sorted_probs, 0.0)

@@ -66,6 +66,9 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     assert filtered_probs(logits, 0, 0.6).nonzero().flatten().tolist() == [0, 1]
     assert filtered_probs(logits, 0, 0.81).nonzero().flatten().tolist() == [0, 1, 2]
     torch.testing.assert_close(filtered_probs(logits, 2, 1.0), torch.tensor([0.625, 0.375, 0, 0]))
+    # top_p = 1 filters nothing, even where float32's cumulative mass reaches 1 early
+    saturated = torch.tensor([30.0, 0.0, -5.0, -9.0])
+    assert filtered_probs(saturated, 3, 1.0).nonzero().flatten().tolist() == [0, 1, 2]
 
 
 def test_min_p_keeps_tokens_at_least_min_p_times_the_most_likely_after_top_k_and_top_p() -> None:
