@@ -4,10 +4,10 @@ A randomly initialised Llama (``--config 1b``: hidden 2048, 22 layers, 32 heads,
 5632, vocabulary 32000, about 1.1B parameters, the TinyLlama shape; ``--config 8b-layers``: 8
 layers of Llama-3-8B's shapes, 2.8B parameters, the shapes of torchao's published speed-ups) is
 trained with the project's `Actor` (FSDP2 over one rank, bf16 mixed precision, AdamW) on random
-tokens, once per mode: ``bf16``, then ``tensorwise`` and ``rowwise`` FP8. Each mode gets fresh weights, ``--warmup`` untimed steps
-(compilation, allocator), then ``--steps`` timed ones of ``--batch`` sequences of ``--seq-len``
-tokens. ``--compile`` compiles each decoder layer with torch.compile, which torchao needs to fuse the
-float8 casts (without it FP8 is slower than bf16).
+tokens, once per mode: ``bf16``, then ``tensorwise`` and ``rowwise`` FP8. Each mode gets fresh
+weights, ``--warmup`` untimed steps (compilation, allocator), then ``--steps`` timed ones of
+``--batch`` sequences of ``--seq-len`` tokens. ``--compile`` compiles each decoder layer with
+torch.compile, which torchao needs to fuse the float8 casts (without it FP8 is slower than bf16).
 
 Reported per mode: tokens/s, and MFU = tokens/s x FLOPs per token / peak, with FLOPs per token
 = 6 x (non-embedding parameters + LM head) + 12 x layers x hidden x seq-len (attention scores and

@@ -138,12 +138,14 @@ class SamplingParams:
                 f"min_new_tokens must be an int in [0, max_new_tokens ({self.max_new_tokens})], "
                 f"got {self.min_new_tokens!r}"
             )
-        given = [k for k in CONSTRAINT_KEYS if getattr(self, k) is not None]
-        for key in given:
-            if not (isinstance(getattr(self, key), str) and getattr(self, key)):
-                raise ValueError(f"{key} must be a non-empty string, got {getattr(self, key)!r}")
+        given = {k: getattr(self, k) for k in CONSTRAINT_KEYS if getattr(self, k) is not None}
+        for key, value in given.items():
+            if not (isinstance(value, str) and value):
+                raise ValueError(f"{key} must be a non-empty string, got {value!r}")
         if len(given) > 1:
-            raise ValueError(f"at most one of {', '.join(CONSTRAINT_KEYS)} may be set, got {given}")
+            raise ValueError(
+                f"at most one of {', '.join(CONSTRAINT_KEYS)} may be set, got {list(given)}"
+            )
 
     @property
     def greedy(self) -> bool:

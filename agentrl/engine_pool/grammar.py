@@ -44,7 +44,6 @@ class GrammarCompiler:
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
         )
-        self.vocab_size = vocab_size
         self._compiler = xgr.GrammarCompiler(info)
 
     def compile(self, kind: str, value: str) -> xgrammar.CompiledGrammar:

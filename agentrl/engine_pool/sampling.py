@@ -71,12 +71,8 @@ def filtered_probs(
         keep[torch.topk(probs, top_k).indices] = True
         probs = torch.where(keep, probs, 0.0)
         probs = probs / probs.sum()
-    if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        sorted_probs = torch.where(mass_before < top_p, sorted_probs, 0.0)
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-        probs = probs / probs.sum()
+    if top_p < 1.0:  # on the renormalised remainder
+        probs = _joint_top_k_top_p(probs, 0, top_p)
     if min_p > 0:
         probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
         probs = probs / probs.sum()

@@ -19,7 +19,7 @@ The key list is SGLang 0.5.23's own request contract (``sglang/api/v1/api_types.
   what SGLang reads as unset: ``null``, an empty grammar string, an empty ``stop_regex``,
   ``logit_bias`` or ``custom_params``); any other value is refused with a
   :class:`ProtocolError` (400, ``{"error": {"message": ...}}``, the
-    shape SGLang uses for a bad sampling value) whose message names the key. ``choice``,
+  shape SGLang uses for a bad sampling value) whose message names the key. ``choice``,
   ``stop_regex``, ``logit_bias``, beams, watermarks and ``stream_interval`` are of this kind:
   agentrl's sampler does not implement them, so the sampled distribution would differ from the one
   the log-probs describe.
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import math
 from typing import Any, TypeGuard
+
+from agentrl.engine_pool.engine import CONSTRAINT_KEYS
 
 
 class ProtocolError(ValueError):
@@ -201,7 +203,7 @@ def _verify_values(raw: dict[str, Any]) -> None:
         raise ProtocolError(
             f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."
         )
-    constraints = [raw.get(k) for k in ("json_schema", "regex", "ebnf", "structural_tag")]
+    constraints = [raw.get(k) for k in CONSTRAINT_KEYS]
     if sum(c not in (None, "") for c in constraints) > 1:  # SGLang reads "" as unset
         raise ProtocolError("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
     if max_new == 0:  # SGLang answers no tokens; agentrl's engine always generates one
