@@ -47,8 +47,9 @@ Where the client depends on it, it behaves as SGLang 0.5.23 does (``docs/sglang_
 Differences from SGLang, by design: prompts are token ids only (no ``text``, no batches, ``n`` = 1);
 responses carry no ``text``; ``sampling_seed`` always applies; a streamed request gets only its final
 chunk. ``/update_weights_from_tensor`` takes agentrl's portable encoding (base64 of ``torch.save``
-of a list of ``(name, tensor)``; loaded with ``weights_only=True``) instead of SGLang's CUDA-IPC
-handles, because the sender here is another process without a shared GPU. Weight versions are
+of a list of ``(name, tensor)``; loaded with ``weights_only=True``) as well as SGLang's
+by-reference dumps (:mod:`agentrl.engine_pool.tensor_refs`: CPU tensors in shared memory named
+by file, CUDA-IPC handles, flattened buckets; the sender must be on this machine). Weight versions are
 integers written as strings. Bad requests get 400 ``{"error": {"message": ...}}``; a request to an
 engine that can no longer serve gets 503.
 """
@@ -314,7 +315,8 @@ class EngineServer:
         try:
             version = self._next_version(body)
             (payload,) = body["serialized_named_tensors"]  # one entry per TP rank: we have one
-            tensors = await asyncio.to_thread(decode_named_tensors, payload)
+            load_format = body.get("load_format")
+            tensors = await asyncio.to_thread(decode_named_tensors, payload, load_format)
             await self.engine.update_weights(tensors, version)
         except (KeyError, ValueError, TypeError, ProtocolError) as exc:
             return _update_failed(exc)

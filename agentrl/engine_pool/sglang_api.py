@@ -34,6 +34,7 @@ has no ``prompt_tokens``. The rest (exact-rid aborts, weight-update sessions, th
 from __future__ import annotations
 
 import base64
+import binascii
 import io
 import time
 from datetime import UTC, datetime
@@ -54,6 +55,7 @@ from agentrl.engine_pool.sglang_sampling import (
     ProtocolError,
     check_sampling_keys,
 )
+from agentrl.engine_pool.tensor_refs import is_by_reference, read_sglang_payload
 
 __all__ = ["ContractError", "ProtocolError"]  # besides the functions below
 
@@ -293,9 +295,22 @@ def encode_named_tensors(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def decode_named_tensors(payload: str) -> list[tuple[str, torch.Tensor]]:
-    """The inverse of :func:`encode_named_tensors` (``weights_only``: no arbitrary objects)."""
-    data = torch.load(io.BytesIO(base64.b64decode(payload)), weights_only=True)
+def decode_named_tensors(
+    payload: str, load_format: str | None = None
+) -> list[tuple[str, torch.Tensor]]:
+    """The named tensors of one ``serialized_named_tensors`` entry, in either format: the inverse
+    of :func:`encode_named_tensors` (``weights_only``: no arbitrary objects), or an SGLang sender's
+    by-reference dump (:func:`~agentrl.engine_pool.tensor_refs.read_sglang_payload`, which says
+    what it reads and refuses; ``load_format`` applies to it)."""
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"a serialized_named_tensors entry is not base64: {exc}") from exc
+    if is_by_reference(raw):
+        return read_sglang_payload(raw, load_format)
+    if load_format not in (None, "direct"):
+        raise ValueError(f"load_format {load_format!r} needs an SGLang by-reference payload")
+    data = torch.load(io.BytesIO(raw), weights_only=True)
     if not isinstance(data, list) or not all(
         isinstance(item, (list, tuple)) and len(item) == 2 for item in data
     ):

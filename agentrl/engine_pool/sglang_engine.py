@@ -50,9 +50,9 @@ lists the supported versions and what differs between them):
 * **Tensor payloads.** ``tensor_format="sglang"`` (the default for SGLang servers) sends one
   ``ForkingPickler`` dump per TP rank with SGLang's device naming
   (:func:`~agentrl.engine_pool.sglang_api.sglang_tensor_payloads`): tensors travel by reference,
-  so the server must be on the same machine (colocated engines). ``"agentrl"`` (the default for
-  ``agentrl serve``) sends a portable copy (base64 of ``torch.save``), which SGLang's restricted
-  unpickler refuses. Remote SGLang servers are updated from disk or by broadcast.
+  so the server must be on the same machine (colocated engines; ``agentrl serve`` reads them
+  too). ``"agentrl"`` (the default for ``agentrl serve``) sends a portable copy (base64 of
+  ``torch.save``), which SGLang's restricted unpickler refuses. Remote SGLang servers are updated from disk or by broadcast.
 
 Errors: a request the server refuses (HTTP 400) raises ``ValueError`` with the server's message,
 as :class:`LocalEngine` does for bad input. A server that cannot be reached, answers 5xx, times

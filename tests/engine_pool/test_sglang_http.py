@@ -4,14 +4,18 @@ engine, session aborts, pause/resume, weight updates by tensor and by disk, and 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
+import io
 import json
+import re
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import aiohttp
@@ -22,6 +26,7 @@ from float_tolerance import tolerance
 
 from agentrl.engine_pool.engine import EngineError, SamplingParams
 from agentrl.engine_pool.local_engine import LocalEngine
+from agentrl.engine_pool.sglang_api import sglang_tensor_payloads
 from agentrl.engine_pool.sglang_engine import SGLangEngine, free_port, serve_command
 from agentrl.engine_pool.weight_group import WeightUpdateGroup
 from agentrl.fp8_weights import quantize_named_tensors, round_trip
@@ -364,6 +369,72 @@ async def test_sglang_payloads_are_one_dump_per_rank_readable_by_an_unrelated_pr
         await runner.cleanup()
     with pytest.raises(ValueError, match="tensor_format"):
         SGLangEngine(url, tensor_format="pickle")
+
+
+class _Shell:
+    """Unpickling calls os.system: what a payload of foreign globals would do if read."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+async def test_agentrl_serve_reads_sglang_by_reference_payloads_and_refuses_the_rest(
+    server_url, smollm2, tmp_path
+):
+    """SGLang's own payload format (tensors in shared memory named by file, agentrl's sender
+    here; SGLang's and verl's senders in test_verl_client) loads into `agentrl serve`; payloads
+    it cannot or must not read are refused with a reason, and the weights stay as they were."""
+    name = "model.norm.weight"
+    original = smollm2.state_dict()[name].clone()
+
+    async def held(engine: SGLangEngine) -> torch.Tensor:
+        return await engine.get_weights_by_name(name, truncate_size=len(original))
+
+    async with SGLangEngine(server_url, tensor_format="sglang") as engine:
+        version = engine.weight_version + 1
+        await engine.update_weights([(name, original * 0.25)], version)
+        assert torch.equal(await held(engine), original * 0.25)
+        assert engine.weight_version == version
+        await engine.update_weights([(name, original)], version)
+        assert torch.equal(await held(engine), original)
+
+        def dump(obj: object) -> str:
+            buffer = io.BytesIO()
+            ForkingPickler(buffer).dump(obj)  # torch's default strategy: a file descriptor
+            return base64.b64encode(buffer.getvalue()).decode()
+
+        marker = tmp_path / "ran"
+        refused = {
+            "file descriptor": ({}, dump([(name, original * 2)])),
+            "refused to unpickle posix.system": ({}, dump([(name, _Shell(marker))])),
+            "not a list of \\(name, tensor\\) pairs": ({}, dump({"a": 1})),
+            "load_format 'my.loader.Load' is not served": (
+                {"load_format": "my.loader.Load"},
+                sglang_tensor_payloads([(name, original * 2)])[0],
+            ),
+            "not base64": ({}, "%%%"),
+        }
+        async with aiohttp.ClientSession() as session:
+
+            async def post(route: str, body: dict) -> tuple[int, dict]:
+                async with session.post(f"{server_url}{route}", json=body) as response:
+                    return response.status, await response.json()
+
+            for message, (extra, payload) in refused.items():
+                assert (await post("/begin_weight_update", {}))[0] == 200
+                body = {"serialized_named_tensors": [payload], "weight_version": "99", **extra}
+                status, answer = await post("/update_weights_from_tensor", body)
+                assert (await post("/end_weight_update", {}))[0] == 200
+                assert status == 400 and answer["success"] is False, answer
+                assert re.search(message, answer["message"]), answer["message"]
+        assert not marker.exists()
+        assert torch.equal(await held(engine), original)
+        assert (await engine.model_info())["weight_version"] == str(version)
 
 
 async def test_auto_tensor_format_is_agentrl_for_agentrl_serve(server):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import test_sglang_http
+import torch
 from test_sglang_conformance import run_process
 
 from agentrl.engine_pool.engine import SamplingParams
@@ -157,3 +158,41 @@ async def test_verl_sglang_client_drives_agentrl_serve(
     flushed, aborted, begun, ended = control
     assert flushed["ok"] and aborted == {"op": "abort_all", "ok": True, "response": {}}
     assert begun["response"]["success"] and ended["response"]["success"]
+
+
+async def test_verl_weight_sync_by_reference_loads_into_agentrl_serve(
+    side_venvs, serve_url, model_dir, smollm2
+):
+    """verl's weight sync as it calls SGLang's (``sglang.srt.weight_sync.utils.update_weights``
+    over verl's adapter: nested per-tensor dumps in shared memory) and slime's flattened bucket
+    (SGLang's ``FlattenedTensorBucket``) load into `agentrl serve` (tensor_refs)."""
+    names = ["model.norm.weight", "model.layers.0.self_attn.q_proj.weight"]
+    state = smollm2.state_dict()
+
+    def read_back() -> list[dict]:
+        return [
+            {
+                "op": "post",
+                "endpoint": "get_weights_by_name",
+                "payload": {"name": n, "truncate_size": 2},
+            }
+            for n in names
+        ]
+
+    calls = [
+        {"op": "begin_weight_update"},
+        {"op": "update_weights", "names": names, "scale": 0.5},
+        *read_back(),
+        {"op": "update_weights", "names": names, "scale": 1.0, "load_format": "flattened_bucket"},
+        *read_back(),
+        {"op": "end_weight_update"},
+    ]
+    begun, halved, *rest = verl(serve_url, model_dir, [1], calls)
+    halved_weights, restored, restored_weights, ended = rest[:2], rest[2], rest[3:5], rest[5]
+    assert begun["ok"] and ended["ok"] and ended["response"]["success"]
+    assert halved["ok"] and halved["response"]["success"], halved
+    assert restored["ok"] and restored["response"]["success"], restored
+    for scale, answers in ((0.5, halved_weights), (1.0, restored_weights)):
+        for name, answer in zip(names, answers, strict=True):
+            expected = (state[name] * scale)[:2]
+            assert torch.equal(torch.tensor(answer["response"]), expected), (name, scale)

@@ -1,4 +1,5 @@
-"""The CUDA paths, on a GPU only: the embedded engine, FSDP2 with NCCL, weight sync, FP8 training.
+"""The CUDA paths, on a GPU only: the embedded engine, FSDP2 with NCCL, weight sync, FP8 training,
+CUDA-IPC weight payloads.
 
 These tests are skipped where ``torch.cuda.is_available()`` is false (every CI machine of this
 project); they are what a session with a lent GPU runs first (``pytest tests/gpu``). They use
@@ -9,6 +10,8 @@ versions of each property are tested elsewhere (tests/engine_pool, tests/trainin
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl.engine_pool.engine import SamplingParams
 from agentrl.engine_pool.local_engine import LocalEngine
+from agentrl.engine_pool.tensor_refs import read_sglang_payload
 from agentrl.rl.weight_sync import sync_weights
 from agentrl.training.actor import Actor, ActorConfig
 from agentrl.training.distributed import distributed, group_backends
@@ -112,3 +116,30 @@ def test_fp8_training_runs_on_an_fp8_gpu() -> None:
 
         losses = [actor.train_step([batch], nll)["loss"] for _ in range(5)]
         assert losses[-1] < losses[0]
+
+
+_SEND_CUDA = """
+import sys, torch
+from agentrl.engine_pool.sglang_api import sglang_tensor_payloads
+t = torch.arange(12.0, device="cuda").reshape(3, 4)
+print(sglang_tensor_payloads([("w", t)])[0], flush=True)
+sys.stdin.readline()  # the tensor lives until the reader is done
+"""
+
+
+def test_cuda_tensors_travel_by_ipc_handle_from_an_unrelated_process() -> None:
+    """SGLang's by-reference payload of a CUDA tensor (device named by UUID) read by another
+    process, as `agentrl serve` on a GPU reads a colocated trainer's weights (tensor_refs)."""
+    sender = subprocess.Popen(
+        [sys.executable, "-c", _SEND_CUDA], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert sender.stdout is not None and sender.stdin is not None
+        ((name, tensor),) = read_sglang_payload(sender.stdout.readline().strip())
+        assert name == "w" and tensor.is_cuda
+        assert torch.equal(tensor.cpu(), torch.arange(12.0).reshape(3, 4))
+        del tensor
+        sender.stdin.write("done\n")
+        sender.stdin.flush()
+    finally:
+        assert sender.wait(60) == 0
