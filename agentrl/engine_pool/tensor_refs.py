@@ -21,13 +21,16 @@ dump: the tensors' bytes stay in the sender's memory and travel as references.
   ``FlattenedTensorBucket``: one ``uint8`` tensor, each weight a byte range of it).
 
 **What it guarantees**: unpickling resolves only the globals in :data:`_GLOBALS` (torch's
-tensor, storage and dtype types and its multiprocessing rebuild functions, plain containers) and
+tensor, storage and dtype types and its multiprocessing rebuild functions; no builtins: pickle
+builds the payload's strings, numbers, bytes, lists and tuples without them, so ``bytes(n)`` and
+its kind cannot be called) and
 SGLang's three data classes, mapped to local stand-ins, never SGLang's code: anything else
 (``os.system``, ``builtins.eval``, another module's class) is refused before it is called, as
 SGLang's ``SafeUnpickler`` refuses it. The result is checked to be named tensors. **What it does
 not**: the references themselves are trusted: a payload may name any shared-memory file or IPC
-handle of this machine that the server's user can open, as it may for SGLang; serve on loopback
-(the default) or a trusted network.
+handle of this machine that the server's user can open (torch grows a named file to the size the
+payload states), and may ask for tensors as large as memory allows, as it may of SGLang; serve
+on loopback (the default) or a trusted network.
 """
 
 from __future__ import annotations
@@ -119,7 +122,6 @@ _REBUILDS = (
 )
 _WEIGHT_UPDATER = "sglang.srt.model_executor.model_runner_components.weight_updater"
 _GLOBALS: dict[tuple[str, str], Any] = {
-    **{("builtins", t.__name__): t for t in (bool, bytes, dict, float, int, list, str, tuple)},
     ("torch", "Tensor"): torch.Tensor,
     ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
     ("torch", "Size"): torch.Size,

@@ -102,6 +102,7 @@ def test_a_cuda_device_named_by_an_unknown_uuid_is_refused(sglang_names):
     ("payload", "load_format", "message"),
     [
         (pickle.dumps([("w", print)]), None, r"refused to unpickle builtins\.print"),
+        (pickle.dumps([("w", bytearray(3))]), None, r"refused to unpickle builtins\.bytearray"),
         (pickle.dumps([("w", 3)]), None, "'w' is a int, not a tensor"),
         (pickle.dumps([("w",)]), None, r"not a list of \(name, tensor\) pairs"),
         (pickle.dumps([])[:-2], None, "could not read the payload"),
