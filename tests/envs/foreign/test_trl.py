@@ -2,7 +2,8 @@
 (``trl_side.py`` in ``.venv-trl``, made by ``bench/setup_trl_env.sh``; trl 1.16.0): TRL's own
 ``get_json_schema`` renders the environment's tool as Math-v0 declares it, the tool method runs
 the tool in the environment, ``trl_reward`` grades the final text with Math-v0's verifier, and
-TRL's real trainer takes one step on SmolLM2 with one reset and one grade per rollout."""
+TRL's real trainer takes one step on SmolLM2 (warmed up to open with a tool call) with one
+reset, one tool call through TRL's tool loop and one grade per rollout."""
 
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ def test_trls_grpo_trainer_takes_a_step_on_math_multi_turn(tmp_path):
     assert result["steps"] == 1 and result["loss_finite"]
     episodes = result["episodes"]  # 2 prompts x 2 generations, each reset, then graded once
     assert sorted(e["row"]["index"] for e in episodes) == [3, 3, 5, 5]
+    # every rollout went through TRL's tool loop: a call of the python tool (a turn of the
+    # environment) before the final answer, none failed
+    assert [e["turns"] for e in episodes] == [2, 2, 2, 2]
+    assert result["tool_calls"] >= 1 and result["tool_failures"] == 0
     rewards = [e["reward"] for e in episodes]
     assert all(0.0 <= r <= 1.0 for r in rewards)
     assert result["logged_reward"] == pytest.approx(sum(rewards) / len(rewards))
