@@ -33,7 +33,8 @@ patch. The diff does not depend on the agent's git settings, and grading reads t
 from the patched tree itself.
 
 **Benchmark rows on their own images.** Instances read from a benchmark's rows (``harness`` set:
-SWE-bench 5 rows, ``load_instances(path, format="swebench5")``) run on the image the row names,
+SWE-bench 5 rows, ``load_instances(path, format="swebench5")``, and SWE-bench rows to which
+``scripts/swebench4-eval-scripts`` added swebench 4.1's eval script) run on the image the row names,
 in its layout: the repository at ``harness.repo_dir`` (``/testbed``), the tools' shell in it with
 the row's environment activated, graded in a fresh container of the image by the row's
 ``eval_script`` and swebench's own log parser and grading, as SWE-bench's harness does

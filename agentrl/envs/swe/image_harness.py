@@ -2,7 +2,8 @@
 
 An instance read from a benchmark's rows (:mod:`agentrl.envs.swe.row_formats`: ``harness`` is set)
 runs here instead of on a tree rebuilt from an sdist. Runnable today: rows with an
-``eval_script`` (SWE-bench 5), on the container backend, whose image is on the engine
+``eval_script`` (SWE-bench 5; SWE-bench and Verified rows once ``scripts/swebench4-eval-scripts``
+has added swebench 4.1's), on the container backend, whose image is on the engine
 (:func:`check_rows` and :func:`check_images`, at load).
 
 **The episode.** The agent's sandbox is a :class:`~agentrl.tools.container.ContainerSandbox` of
@@ -96,9 +97,15 @@ def check_rows(instances: Sequence[SWEInstance], sandbox: str) -> None:
                 f"which only sandbox='container' can start (sandbox={sandbox!r} runs no image)"
             )
         if not harness.eval_script:
+            hint = (
+                "; `scripts/swebench4-eval-scripts IN.jsonl OUT.jsonl` adds the one swebench "
+                "4.1 writes from its spec tables"
+                if harness.format == "swebench"
+                else ""
+            )
             raise HarnessError(
                 f"agentrl/SWE-v0: {instance.instance_id!r} ({harness.format} row) is not runnable "
-                "yet: the row has no eval_script (SWE-bench 5 rows carry one)"
+                f"yet: the row has no eval_script (SWE-bench 5 rows carry one){hint}"
             )
         if harness.log_parser not in PARSER_REGISTRY:
             raise HarnessError(

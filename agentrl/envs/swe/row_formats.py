@@ -8,8 +8,9 @@ picks the first format whose columns a source has. What each format guarantees o
 agentrl    SWE-v0's own rows (``write_instances``; generated ones carry ``agentrl_taskgen``): as is.
 swebench   SWE-bench, Lite, Verified (JSON-string test lists, Verified's ``difficulty``): image by
            SWE-bench's naming rule (:func:`swebench_image`), base = the image's ``/testbed`` at
-           ``base_commit``, log parser from SWE-bench 4.1's repository table; no eval script (SWE-bench
-           4 writes it from its per-version specs, which are not copied here).
+           ``base_commit``, log parser from SWE-bench 4.1's repository table; the eval script only
+           where the row has one (SWE-bench 4 writes it from its per-version specs, which are not
+           copied here: ``scripts/swebench4-eval-scripts`` adds it with swebench 4.1's own code).
 swebench5  SWE-bench 5 rows (``image``, ``eval_script``, ``log_parser``, ``eval_type``): all four
            taken as published; ``image_assets`` kept as an extra column.
 swe-gym    SWE-Gym (lists, no ``environment_setup_commit``): OpenHands' image name
@@ -217,13 +218,15 @@ def read_agentrl(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_swebench(row: Mapping[str, Any]) -> dict[str, Any]:
-    """SWE-bench / Lite / Verified: the columns as published; the image by SWE-bench's rule."""
+    """SWE-bench / Lite / Verified: the columns as published; the image by SWE-bench's rule.
+    An ``eval_script`` column (``scripts/swebench4-eval-scripts`` adds swebench 4.1's) is kept."""
     repo = row.get("repo")
     return _with_harness(
         row,
-        (),
+        ("eval_script",),
         format="swebench",
         image=swebench_image(_text(row, "instance_id")),
+        eval_script=_text(row, "eval_script") if "eval_script" in row else None,
         log_parser=SWEBENCH_LOG_PARSERS.get(repo) if isinstance(repo, str) else None,
         eval_type="fail_only" if repo in SWEBENCH_FAIL_ONLY_REPOS else "pass_and_fail",
     )

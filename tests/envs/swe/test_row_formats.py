@@ -2,6 +2,8 @@
 dataset card and loader write them) read into SWE-v0 instances with their harness record."""
 
 import json
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -9,9 +11,12 @@ import datasets
 import pytest
 
 from agentrl.envs.swe import InstanceError, load_instances
+from agentrl.envs.swe.image_harness import HarnessError, activation, check_rows
 from agentrl.envs.swe.instances import write_instances
 from agentrl.envs.swe.row_formats import (
     ROW_FORMATS,
+    SWEBENCH_FAIL_ONLY_REPOS,
+    SWEBENCH_LOG_PARSERS,
     detect_format,
     r2e_gold_patch,
     reverse_diff,
@@ -34,7 +39,7 @@ FIX = (
 TEST_FIX = (
     "diff --git a/astropy/modeling/tests/test_separable.py b/astropy/modeling/tests/test_separable.py\n"
     "--- a/astropy/modeling/tests/test_separable.py\n+++ b/astropy/modeling/tests/test_separable.py\n"
-    "@@ -28,6 +28,7 @@\n p1 = models.Polynomial1D(1, name='p1')\n \n \n+cm_4d_expected = 1\n"
+    "@@ -28,5 +28,6 @@\n p1 = models.Polynomial1D(1, name='p1')\n \n \n+cm_4d_expected = 1\n"
     " compound_models = {\n     'cm1': (map3 & sh1 | rot & sh1 | sh1 & sh2 & sh1,\n"
 )
 
@@ -440,3 +445,83 @@ def test_against_swebench_own_code():
         ours.harness.eval_type,
     )
     assert theirs["FAIL_TO_PASS"] == ours.FAIL_TO_PASS
+
+
+EVAL_SCRIPTS = ROOT / "scripts" / "swebench4-eval-scripts"
+SWEBENCH4_TABLES = """
+import importlib, json
+import swebench
+from swebench.harness.constants import FAIL_ONLY_REPOS
+from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
+from swebench.harness.test_spec.test_spec import make_test_spec
+ours = json.loads(input())
+modules = [importlib.import_module(f"swebench.harness.log_parsers.{name}")
+           for name in ("python", "javascript", "java", "go", "rust", "ruby", "php", "c")]
+named = {name: getattr(m, name) for m in modules for name in dir(m) if name.startswith("parse_log")}
+print(json.dumps({
+    "version": swebench.__version__,
+    "repos": sorted(MAP_REPO_TO_PARSER),
+    "same_parser": sorted(repo for repo, name in ours["parsers"].items()
+                          if named.get(name) is MAP_REPO_TO_PARSER.get(repo)),
+    "fail_only": sorted(FAIL_ONLY_REPOS),
+    "image": make_test_spec(ours["row"]).instance_image_key,
+}))
+"""
+
+
+def test_swebench_rows_run_with_the_eval_script_swebench_4_writes(tmp_path):
+    """scripts/swebench4-eval-scripts adds swebench 4.1.0's own eval script (make_test_spec, its
+    spec tables) to SWE-bench/Verified rows as published; SWE-v0 reads them as SWE-bench rows
+    that the image harness runs, whose image, log parser and eval type agree with swebench 4.1's
+    (the parser by identity with its MAP_REPO_TO_PARSER, for every repository in our table)."""
+    rows, out = tmp_path / "rows.jsonl", tmp_path / "with-scripts.jsonl"
+    rows.write_text(json.dumps(verified_row()) + "\n")
+    done = subprocess.run([EVAL_SCRIPTS, rows, out], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (written,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {k: v for k, v in written.items() if k != "eval_script"} == verified_row()
+    (instance,) = load_instances(out)
+    harness = instance.harness
+    assert harness.format == "swebench" and harness.eval_script == written["eval_script"]
+    script = harness.eval_script
+    # astropy 4.3's spec: its install, the test patch as a heredoc, pytest on the touched file
+    assert "python -m pip install -e .[test] --verbose\n" in script
+    assert f"git apply -v - <<'EOF_114329324912'\n{TEST_FIX}" in script
+    assert (
+        ": '>>>>> Start Test Output'\npytest -rA astropy/modeling/tests/test_separable.py\n"
+        ": '>>>>> End Test Output'\n"
+    ) in script
+    activate = ["source /opt/miniconda3/bin/activate", "conda activate testbed"]
+    assert activation(instance).splitlines() == activate * 2  # the script enters it twice
+    check_rows([instance], "container")  # runnable, given its image
+    (bare,) = load_instances([verified_row()])
+    with pytest.raises(
+        HarnessError, match=re.escape("scripts/swebench4-eval-scripts IN.jsonl OUT.jsonl")
+    ):
+        check_rows([bare], "container")
+    # a version swebench 4.1 has no spec for: refused by name, nothing written
+    rows.write_text(json.dumps(verified_row(version="99.9")) + "\n")
+    out.unlink()
+    done = subprocess.run([EVAL_SCRIPTS, rows, out], capture_output=True, text=True)
+    assert done.returncode != 0 and "no spec for astropy/astropy 99.9" in done.stderr
+    assert not out.exists()
+    # our transcribed tables against swebench 4.1's own
+    python = SWEBENCH_VENV / "bin" / "python"
+    spec = json.dumps({"parsers": SWEBENCH_LOG_PARSERS, "row": verified_row()})
+    theirs = subprocess.run(
+        [str(python), "-c", SWEBENCH4_TABLES],
+        input=spec,
+        text=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(SWEBENCH_VENV / "swebench4")},
+    )
+    assert theirs.returncode == 0, theirs.stderr
+    tables = json.loads(theirs.stdout)
+    assert tables["version"] == "4.1.0"
+    assert tables["repos"] == sorted(SWEBENCH_LOG_PARSERS)
+    assert tables["same_parser"] == sorted(SWEBENCH_LOG_PARSERS)
+    # fail-only grading: swebench 5.0.2's set (three repositories more than 4.1's), which grades
+    from swebench.harness.constants import FAIL_ONLY_REPOS
+
+    assert SWEBENCH_FAIL_ONLY_REPOS == FAIL_ONLY_REPOS > set(tables["fail_only"])
+    assert tables["image"] == harness.image == swebench_image(instance.instance_id)
