@@ -1,5 +1,6 @@
-"""One glibc malloc arena for a training process: ``agentrl train`` and ``agentrl sft`` call
-:func:`limit_malloc_arenas` first.
+"""glibc's malloc for a training process: one arena (``agentrl train`` and ``agentrl sft`` call
+:func:`limit_malloc_arenas` first), and freed heap memory handed back (:func:`trim_heap`, which
+the trainer calls between micro-batches when ``actor.trim_heap`` is on).
 
 glibc gives each thread that allocates its own arena (up to 8 per core), and memory freed in one
 arena serves only allocations from that arena. A trainer process allocates from several threads at
@@ -13,6 +14,12 @@ tensors from few threads, so the contention is not measurable there.
 
 ``MALLOC_ARENA_MAX`` in the environment wins (nothing is changed then); other C libraries (musl)
 and other systems are left alone.
+
+What is freed stays resident: glibc keeps freed heap chunks for reuse, and a chunk that no later
+request fits (activations, logits and gradients come in many sizes) holds its pages. ``malloc_trim``
+returns the free pages anywhere in the heap to the system (``MADV_DONTNEED``); the next
+allocations fault fresh pages in. Between micro-batches that is what one micro-batch's peak
+leaves behind (docs/performance.md: about 0.6 GB of the demo's GRPO peak).
 """
 
 from __future__ import annotations
@@ -37,3 +44,22 @@ def limit_malloc_arenas(arenas: int = 1) -> bool:
     if not hasattr(libc, "gnu_get_libc_version"):  # not glibc: mallopt differs or is absent
         return False
     return bool(libc.mallopt(M_ARENA_MAX, arenas))
+
+
+def _glibc() -> ctypes.CDLL | None:
+    if os.name != "posix":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None  # glibc only
+
+
+_LIBC = _glibc()
+
+
+def trim_heap() -> bool:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim(0)``); True if any
+    were, False when none were or the C library is not glibc."""
+    return bool(_LIBC.malloc_trim(0)) if _LIBC is not None else False

@@ -1,4 +1,5 @@
-"""`agentrl.malloc.limit_malloc_arenas`: glibc's arenas capped for a training process.
+"""`agentrl.malloc`: glibc's arenas capped for a training process (`limit_malloc_arenas`), freed
+heap pages handed back (`trim_heap`).
 
 Each case runs in a fresh interpreter (the cap acts on arenas made later in the process): threads
 allocate and free small blocks, then glibc's ``malloc_stats`` lists the arenas on stderr.
@@ -58,3 +59,34 @@ def test_one_arena_serves_every_thread_once_capped() -> None:
 def test_the_environment_wins() -> None:
     result, count = arenas("cap", MALLOC_ARENA_MAX="3")
     assert result == "False" and 1 < count <= 3
+
+
+TRIM = """
+import ctypes
+from agentrl.malloc import trim_heap
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD: 64 KiB blocks come from the heap, not mmap
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+blocks, guards = [], []
+for _ in range(3200):  # 200 MiB of heap, each block followed by a small live one
+    blocks.append(libc.malloc(64 << 10))
+    ctypes.memset(blocks[-1], 1, 64 << 10)  # resident
+    guards.append(libc.malloc(64))
+for block in blocks:  # freed, but fragmented: no free chunk borders the heap's top
+    libc.free(block)
+freed = rss()
+trimmed = trim_heap()
+print(trimmed, freed - rss())
+"""
+
+
+def test_trim_heap_hands_freed_heap_pages_back() -> None:
+    """Freed heap chunks between live blocks stay resident until trim_heap returns them."""
+    run = subprocess.run([sys.executable, "-c", TRIM], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    trimmed, returned = run.stdout.split()
+    assert trimmed == "True"
+    assert int(returned) > 150 << 20  # most of the 200 MiB freed

@@ -124,6 +124,8 @@ class Trainer:
         self.engine_dtype = "float32"
         """The engine's weight dtype (``engines.dtype`` resolved: ``auto`` by the device)."""
         self.stream: RolloutStream | None = None
+        self._launch_ahead = 0
+        """Steps the stream launched ahead at its start (:meth:`_launch_staleness`)."""
         self.agents: AgentRunner | None = None
         """The endpoint and episodes of ``agent.entry``, when the run trains an agent (rank 0)."""
         self.metrics: MetricsLogger | None = None
@@ -240,11 +242,12 @@ class Trainer:
                 )
                 await self.agents.start()
                 runner = self.agents
+            self._launch_ahead = self._launch_staleness()
             self.stream = RolloutStream(
                 runner,
                 group_size=cfg.rollout.group_size,
                 groups_per_step=cfg.rollout.groups_per_step,
-                max_staleness=cfg.stream.max_staleness,
+                max_staleness=self._launch_ahead,
                 concurrency=cfg.rollout.concurrency,
                 seed=cfg.trainer.seed,
                 **stream_state,
@@ -403,8 +406,10 @@ class Trainer:
         sync_start = time.perf_counter()
         await self._sync_weights()
         sync_s = time.perf_counter() - sync_start
-        if self.stream is not None:
-            self.stream.advance()
+        if self.stream is not None and self.actor.step + self._launch_ahead < (
+            self.config.trainer.steps
+        ):
+            self.stream.advance()  # rollouts for a step this run will train
         validation = await self._validate() if self.config.eval.due(self.actor.step) else {}
         record = {
             **batch.metrics,
@@ -485,6 +490,15 @@ class Trainer:
             received = payload[0]
             batch = received if isinstance(received, TrainingBatch) else None
         return batch
+
+    def _launch_staleness(self) -> int:
+        """How many steps ahead the stream launches: ``stream.max_staleness``, but never past
+        ``trainer.steps``, so that no rollout runs (beside the last steps' training, holding
+        engine memory and cores) for a step this run will not train; :meth:`step` stops
+        advancing the stream once its launches cover the last step. Only launches are capped:
+        the per-token staleness bound stays ``stream.max_staleness``."""
+        remaining = self.config.trainer.steps - self.actor.step
+        return max(0, min(self.config.stream.max_staleness, remaining - 1))
 
     def _train(self, batch: TrainingBatch) -> dict[str, float]:
         """One trainer step on the batch (runs in a worker thread)."""

@@ -307,6 +307,9 @@ async def test_streaming_with_a_staleness_bound_and_partial_rollouts(
     )
     _, summary = await train(config)
     assert summary.final_step == 3
+    # launches never run past the last step: 3 steps x 2 groups, none left pending at the end
+    state = json.loads((summary.checkpoint / "trainer_state.json").read_text())
+    assert state["extra"]["stream"] == {"next_group": 6, "pending_groups": []}
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert all(r["staleness/staleness_max"] <= 2 for r in rows)
     assert max(r["staleness/staleness_max"] for r in rows) >= 1  # rollouts overlapped training

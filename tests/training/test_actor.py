@@ -362,3 +362,19 @@ def test_unequal_micro_batch_counts_raise_on_every_rank(two_process_run: Path) -
     errors = json.loads((two_process_run / "result.json").read_text())["errors"]
     assert len(errors) == 2
     assert all("same number on every rank" in error for error in errors), errors
+
+
+@pytest.mark.parametrize("trim", [True, False])
+def test_trim_heap_runs_before_every_micro_batch_and_the_optimizer_step(
+    dist_info: DistInfo, monkeypatch: pytest.MonkeyPatch, trim: bool
+) -> None:
+    """``actor.trim_heap``: glibc's free heap pages handed back between micro-batches
+    (tests/test_malloc.py shows the pages come back)."""
+    import agentrl.training.actor as actor_module
+
+    calls: list[int] = []
+    monkeypatch.setattr(actor_module, "trim_heap", lambda: calls.append(1) or True)
+    config = actor_config("tiny").model_copy(update={"trim_heap": trim})
+    batch = global_batch(VOCAB)
+    Actor(tiny_llama(), config).train_step(batch, nll_loss)
+    assert len(calls) == (len(batch) + 1 if trim else 0)
