@@ -19,7 +19,7 @@ What is freed stays resident: glibc keeps freed heap chunks for reuse, and a chu
 request fits (activations, logits and gradients come in many sizes) holds its pages. ``malloc_trim``
 returns the free pages anywhere in the heap to the system (``MADV_DONTNEED``); the next
 allocations fault fresh pages in. Between micro-batches that is what one micro-batch's peak
-leaves behind (docs/performance.md: about 0.6 GB of the demo's GRPO peak).
+leaves behind (docs/performance.md: about 0.5 GB of the demo's GRPO peak).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class ActorConfig(Config):
     trim_heap: bool = True
     """Before each micro-batch and the optimizer step, hand the heap's free pages back to the
     system (`agentrl.malloc.trim_heap`, glibc only): freed activations, logits and gradients stop
-    counting in the resident set (the demo's GRPO peak: 4.8 -> 4.2 GB), at the price of page
+    counting in the resident set (the demo's GRPO peak: 4.46 -> 3.93 GB), at the price of page
     faults when the next micro-batch allocates again (not measurable in the demo's step time,
     docs/performance.md). ``false``: glibc keeps them for reuse."""
     logprob_chunk_tokens: int | None = Field(1024, ge=0)
