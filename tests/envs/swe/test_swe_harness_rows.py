@@ -110,6 +110,14 @@ def test_a_missing_image_is_refused_with_the_command_that_makes_it(rows, tmp_pat
         gymnasium.make("agentrl/SWE-v0", instances=str(path), instance_format="swebench5")
 
 
-def test_a_row_without_an_eval_script_is_refused(rows):
-    with pytest.raises(HarnessError, match="not runnable yet: the row has no eval_script"):
-        gymnasium.make("agentrl/SWE-v0", instances=str(rows), instance_format="swebench")
+def test_a_row_without_an_eval_script_is_refused(rows, tmp_path):
+    """A SWE-bench row as published (without SWE-bench 5's columns) is refused, naming the
+    script that adds the eval script swebench 4.1 writes."""
+    five = {"image", "eval_script", "log_parser", "eval_type", "image_assets"}
+    lines = rows.read_text().splitlines()
+    published = [{k: v for k, v in json.loads(line).items() if k not in five} for line in lines]
+    path = tmp_path / "swebench.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in published))
+    message = "not runnable yet: the row has no eval_script.*scripts/swebench4-eval-scripts"
+    with pytest.raises(HarnessError, match=message):
+        gymnasium.make("agentrl/SWE-v0", instances=str(path), instance_format="swebench")
