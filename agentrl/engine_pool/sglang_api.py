@@ -55,7 +55,7 @@ from agentrl.engine_pool.sglang_sampling import (
     ProtocolError,
     check_sampling_keys,
 )
-from agentrl.engine_pool.tensor_refs import is_by_reference, read_sglang_payload
+from agentrl.engine_pool.tensor_refs import CUDA_DEVICE_ARG, is_by_reference, read_sglang_payload
 
 __all__ = ["ContractError", "ProtocolError"]  # besides the functions below
 
@@ -369,9 +369,9 @@ def _reduce_cuda_tensor_by_uuid(tensor: torch.Tensor) -> tuple[Any, tuple[Any, .
     from torch.multiprocessing import reductions
 
     rebuild, args = reductions.reduce_tensor(tensor)
-    device = args[_CUDA_DEVICE_ARG]  # the argument SGLang's patch renames (index 6 since torch 2.0)
+    device = args[CUDA_DEVICE_ARG]  # the argument SGLang's patch renames (index 6 since torch 2.0)
     uuid = str(torch.cuda.get_device_properties(device).uuid)
-    return rebuild, (*args[:_CUDA_DEVICE_ARG], uuid, *args[_CUDA_DEVICE_ARG + 1 :])
+    return rebuild, (*args[:CUDA_DEVICE_ARG], uuid, *args[CUDA_DEVICE_ARG + 1 :])
 
 
 def _reduce_cpu_storage_by_name(storage: torch.UntypedStorage) -> tuple[Any, tuple[Any, ...]]:
@@ -382,9 +382,6 @@ def _reduce_cpu_storage_by_name(storage: torch.UntypedStorage) -> tuple[Any, tup
     manager, handle, size = storage._share_filename_cpu_()
     storage._shared_incref()  # released by the reader's rebuild_storage_filename
     return reductions.rebuild_storage_filename, (type(storage), manager, handle, size)
-
-
-_CUDA_DEVICE_ARG = 6
 
 
 def error_body(message: str) -> dict[str, Any]:

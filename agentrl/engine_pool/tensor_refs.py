@@ -45,11 +45,24 @@ from typing import Any
 import torch
 from torch.multiprocessing import reductions
 
-__all__ = ["LOAD_FORMATS", "ByReferenceError", "is_by_reference", "read_sglang_payload"]
+__all__ = [
+    "CUDA_DEVICE_ARG",
+    "LOAD_FORMATS",
+    "ByReferenceError",
+    "is_by_reference",
+    "read_sglang_payload",
+]
 
 LOAD_FORMATS = (None, "direct", "flattened_bucket")
 """The ``load_format`` values ``/update_weights_from_tensor`` takes (SGLang also takes a loader's
 import path, which would run code named by the client: refused)."""
+
+
+CUDA_DEVICE_ARG = 6
+"""The argument of torch's ``rebuild_cuda_tensor`` that names the device (``storage_device``,
+index 6 since torch 2.0): SGLang's reducer patch writes the device's UUID there
+(``_REDUCE_TENSOR_ARG_DEVICE_INDEX``). Both directions use it: the sender in
+:mod:`agentrl.engine_pool.sglang_api`, the reader here."""
 
 
 class ByReferenceError(ValueError):
@@ -75,7 +88,7 @@ class FlattenedTensorMetadata:
 
 def _rebuild_cuda_tensor_by_uuid(*args: Any) -> torch.Tensor:
     """SGLang's ``_rebuild_cuda_tensor_modified``: argument 6 names the device by UUID."""
-    device = args[_CUDA_DEVICE_ARG]
+    device = args[CUDA_DEVICE_ARG]
     if isinstance(device, str):
         device = next(
             (
@@ -87,10 +100,10 @@ def _rebuild_cuda_tensor_by_uuid(*args: Any) -> torch.Tensor:
         )
         if device is None:
             raise ByReferenceError(
-                f"no CUDA device of this process has the UUID {args[_CUDA_DEVICE_ARG]!r}"
+                f"no CUDA device of this process has the UUID {args[CUDA_DEVICE_ARG]!r}"
             )
     rebuild: Callable[..., torch.Tensor] = reductions.rebuild_cuda_tensor
-    return rebuild(*args[:_CUDA_DEVICE_ARG], device, *args[_CUDA_DEVICE_ARG + 1 :])
+    return rebuild(*args[:CUDA_DEVICE_ARG], device, *args[CUDA_DEVICE_ARG + 1 :])
 
 
 class _SharedByFileDescriptor:
@@ -105,10 +118,6 @@ class _SharedByFileDescriptor:
             "agentrl's portable format"
         )
 
-
-_CUDA_DEVICE_ARG = (
-    6  # rebuild_cuda_tensor's storage_device (SGLang's _REDUCE_TENSOR_ARG_DEVICE_INDEX)
-)
 
 _DTYPES = {name for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)}
 _REBUILDS = (
