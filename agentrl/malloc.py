@@ -31,32 +31,28 @@ import os
 M_ARENA_MAX = -8  # glibc's malloc.h
 
 
-def limit_malloc_arenas(arenas: int = 1) -> bool:
-    """Cap glibc's malloc arenas at ``arenas`` for the rest of the process (arenas that threads
-    already hold stay); True if the cap was set, False where the environment sets
-    ``MALLOC_ARENA_MAX`` or the C library is not glibc."""
-    if "MALLOC_ARENA_MAX" in os.environ or os.name != "posix":
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return False
-    if not hasattr(libc, "gnu_get_libc_version"):  # not glibc: mallopt differs or is absent
-        return False
-    return bool(libc.mallopt(M_ARENA_MAX, arenas))
-
-
 def _glibc() -> ctypes.CDLL | None:
+    """The process's C library if it is glibc (mallopt and malloc_trim differ or are absent in
+    others), else None."""
     if os.name != "posix":
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
-    return libc if hasattr(libc, "malloc_trim") else None  # glibc only
+    return libc if hasattr(libc, "gnu_get_libc_version") else None
 
 
 _LIBC = _glibc()
+
+
+def limit_malloc_arenas(arenas: int = 1) -> bool:
+    """Cap glibc's malloc arenas at ``arenas`` for the rest of the process (arenas that threads
+    already hold stay); True if the cap was set, False where the environment sets
+    ``MALLOC_ARENA_MAX`` or the C library is not glibc."""
+    if "MALLOC_ARENA_MAX" in os.environ or _LIBC is None:
+        return False
+    return bool(_LIBC.mallopt(M_ARENA_MAX, arenas))
 
 
 def trim_heap() -> bool:
