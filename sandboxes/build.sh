@@ -21,7 +21,9 @@
 #    as a git repository at base_commit (sandboxes/swe-testbed/Containerfile; the context written
 #    by `python -m agentrl.envs.swe.testbed`, run with $AGENTRL_PYTHON [.venv/bin/python], without
 #    which `swe` and `all` skip these images and `swe-testbed` fails). Checked after the build:
-#    HEAD is base_commit and the tree is clean.
+#    HEAD is base_commit and the tree is clean. The same recipe builds one image per shipped
+#    project in SWE-smith's layout (swebench/swesmith.x86_64.agentrl-taskgen_1776_<name>.<commit>,
+#    /testbed the clean tree at environment_setup_commit), which the listing names too.
 #
 # An image is up to date when its `agentrl.recipe` label matches the hash of its Containerfile and
 # of the base image's id. Environment (defaults in brackets):

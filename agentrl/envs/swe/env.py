@@ -217,7 +217,7 @@ class SWEEnv(AgentEnv):
 
     async def _start_in_image(self, instance: SWEInstance, repos: ImageRepos) -> None:
         try:
-            self.sandbox, self._base = await repos.start(instance, activate=True)
+            self.sandbox, self._base = await repos.start(instance, agent=True)
         except SandboxError as exc:
             raise RuntimeError(
                 f"agentrl/SWE-v0: cannot start {instance.instance_id!r}: {exc}"

@@ -3,8 +3,9 @@
 An instance read from a benchmark's rows (:mod:`agentrl.envs.swe.row_formats`: ``harness`` is set)
 runs here instead of on a tree rebuilt from an sdist. Runnable today: rows with an
 ``eval_script`` (SWE-bench 5; SWE-bench and Verified rows once ``scripts/swebench4-eval-scripts``
-has added swebench 4.1's), on the container backend, whose image is on the engine
-(:func:`check_rows` and :func:`check_images`, at load).
+has added swebench 4.1's; SWE-smith rows once ``scripts/swesmith-eval-scripts`` has added their
+profile's), on the container backend, whose image is on the engine (:func:`check_rows` and
+:func:`check_images`, at load).
 
 **The episode.** The agent's sandbox is a :class:`~agentrl.tools.container.ContainerSandbox` of
 ``harness.image`` (read-only root, uid 65534, no network, seccomp: nothing of its isolation
@@ -12,18 +13,22 @@ changes) with one more tmpfs, at ``harness.repo_dir`` (``/testbed``): the sandbo
 write the image's root-owned files, so the host copies the image's ``repo_dir`` out of a
 never-started container of the image (``get_archive``, once per image) and the sandbox unpacks it
 into that tmpfs, owned by the sandbox user, at the same path (an editable install pointing there
-still finds it). ``base_patch`` is applied and committed when set; the diff at submit is taken
-against that commit, as today. The environment the harness tests in is entered by the lines of
+still finds it). ``base_patch`` (SWE-smith's bug) is applied when set, the ``hidden_tests``
+removed (SWE-smith's "Remove F2P Tests" commit), and the tree committed as the root of a new
+history: the image's history holds the tree before the bug, that is the fix, so the agent does
+not get it. The diff at submit is taken against that commit, as today. The environment the harness tests in is entered by the lines of
 the row's ``eval_script`` that activate one (``source .../activate``, ``conda activate ...``),
 given to every ``bash`` the tools start through ``BASH_ENV``; the shipped rows' images have no
 conda and their scripts activate nothing, so nothing is.
 
 **Grading** (:func:`grade_in_image`) follows ``swebench.harness.run_evaluation`` (5.0.2): a
-FRESH container of the same image, set up as above; the patch applied by
-``GIT_APPLY_CMDS`` in order, the tree reset between tries, then the reverse check; the row's
-``eval_script`` run with bash (output and errors together, as the harness logs them); the log
-read by swebench's own ``get_eval_report`` (the parser ``harness.log_parser`` names, its evidence
-checks, ``FAIL_TO_PASS``/``PASS_TO_PASS`` by ``eval_type``).
+FRESH container of the same image, set up as above but with the hidden tests kept; the patch applied by
+``GIT_APPLY_CMDS`` in order, the tree reset between tries, then the reverse check; the
+``reset_tests`` restored from that commit (SWE-smith's ``git checkout --`` of the instance's test
+files); the row's ``eval_script`` run with bash (output and errors together, as the harness logs
+them); the log read by swebench's own ``get_eval_report`` (the parser ``harness.log_parser``
+names, its evidence checks, ``FAIL_TO_PASS``/``PASS_TO_PASS`` by ``eval_type``), or for a
+SWE-smith row by swesmith's (:mod:`agentrl.envs.swe.swesmith_grading`: its profile's parser).
 
 **What it guarantees**: the agent's container is never graded; a patch that does not apply, a
 test run past ``test_timeout``, a container the tests kill, and every log swebench will not
@@ -56,7 +61,8 @@ from typing import Any
 from agentrl.envs.swe.grading import SWEGrade
 from agentrl.envs.swe.instances import SWEInstance
 from agentrl.envs.swe.projects import TESTBED_BUILD_COMMAND
-from agentrl.envs.swe.row_formats import swebench_image
+from agentrl.envs.swe.row_formats import SWE_SMITH_PARSER, swebench_image
+from agentrl.envs.swe.swesmith_grading import SideError, side_missing, swesmith_report
 from agentrl.tools.container import ContainerSandbox, connect
 from agentrl.tools.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxLost
 
@@ -79,6 +85,14 @@ _ACTIVATE_LINE = re.compile(r"^\s*(source\s+\S*activate\b.*|conda activate\s+\S+
 _IDENTITY = "-c user.name=agentrl -c user.email=agentrl@localhost -c commit.gpgsign=false"
 
 
+_EVAL_SCRIPT_HINTS = {
+    "swebench": "; `scripts/swebench4-eval-scripts IN.jsonl OUT.jsonl` adds the one swebench "
+    "4.1 writes from its spec tables",
+    "swe-smith": "; `scripts/swesmith-eval-scripts IN.jsonl OUT.jsonl` adds the one SWE-smith's "
+    "harness writes from the repository's profile",
+}
+
+
 class HarnessError(ValueError):
     """A harness row cannot run here; the message says why and what would make it run."""
 
@@ -97,17 +111,18 @@ def check_rows(instances: Sequence[SWEInstance], sandbox: str) -> None:
                 f"which only sandbox='container' can start (sandbox={sandbox!r} runs no image)"
             )
         if not harness.eval_script:
-            hint = (
-                "; `scripts/swebench4-eval-scripts IN.jsonl OUT.jsonl` adds the one swebench "
-                "4.1 writes from its spec tables"
-                if harness.format == "swebench"
-                else ""
-            )
+            hint = _EVAL_SCRIPT_HINTS.get(harness.format, "")
             raise HarnessError(
                 f"agentrl/SWE-v0: {instance.instance_id!r} ({harness.format} row) is not runnable "
                 f"yet: the row has no eval_script (SWE-bench 5 rows carry one){hint}"
             )
-        if harness.log_parser not in PARSER_REGISTRY:
+        if harness.log_parser == SWE_SMITH_PARSER:
+            if why := side_missing():
+                raise HarnessError(
+                    f"agentrl/SWE-v0: {instance.instance_id!r} is graded by swesmith's own "
+                    f"code, but {why}"
+                )
+        elif harness.log_parser not in PARSER_REGISTRY:
             raise HarnessError(
                 f"agentrl/SWE-v0: {instance.instance_id!r}: log_parser {harness.log_parser!r} "
                 "is not in swebench's PARSER_REGISTRY"
@@ -155,13 +170,15 @@ class ImageRepos:
     def close(self) -> None:
         self.client.close()
 
-    async def start(self, instance: SWEInstance, *, activate: bool) -> tuple[Sandbox, str]:
+    async def start(self, instance: SWEInstance, *, agent: bool) -> tuple[Sandbox, str]:
         """A new sandbox of ``instance``'s image, its repository set up; returns it and the
-        commit the repository starts at. Raises :class:`SandboxError` when it cannot."""
+        commit the repository starts at. ``agent``: the agent's (its shells enter the
+        environment, the hidden tests are removed), else the grader's. Raises
+        :class:`SandboxError` when it cannot."""
         harness = instance.harness
         assert harness is not None
         archive = await asyncio.to_thread(self._archive, harness.image, harness.repo_dir)
-        env = {"BASH_ENV": ACTIVATE_FILE} if activate and activation(instance) else {}
+        env = {"BASH_ENV": ACTIVATE_FILE} if agent and activation(instance) else {}
         try:
             sandbox = await ContainerSandbox.start(
                 self.limits,
@@ -175,7 +192,7 @@ class ImageRepos:
                 f"{exc} (the image must have python3 on PATH, which runs the sandbox's agent)"
             ) from exc
         try:
-            return sandbox, await _set_up(sandbox, instance, archive)
+            return sandbox, await _set_up(sandbox, instance, archive, hide_tests=agent)
         except BaseException:
             await sandbox.close()
             raise
@@ -203,7 +220,7 @@ async def grade_in_image(
     harness = instance.harness
     assert harness is not None and harness.eval_script is not None
     try:
-        sandbox, _ = await repos.start(instance, activate=False)
+        sandbox, _ = await repos.start(instance, agent=False)
     except SandboxError as exc:
         return SWEGrade(False, infra_error=f"the grading sandbox did not start: {exc}")
     try:
@@ -212,6 +229,8 @@ async def grade_in_image(
         return SWEGrade(False, infra_error=f"the grading sandbox was lost: {exc}")
     except SandboxError as exc:  # the patch's code ran there, or its apply did
         return SWEGrade(False, reason=f"the grading sandbox failed: {exc}")
+    except SideError as exc:
+        return SWEGrade(False, infra_error=str(exc))
     finally:
         await sandbox.close()
 
@@ -235,18 +254,23 @@ async def _apply_and_test(
         applied = (await sandbox.exec(["bash", "-c", check])).exit_code == 0
     if not applied:
         return SWEGrade(False, reason="the patch does not apply (SWE-bench's git apply chain)")
+    if harness.reset_tests:  # SWE-smith's one checkout; a path HEAD lacks fails it, as there
+        files = " ".join(shlex.quote(path) for path in harness.reset_tests)
+        await sandbox.exec(["bash", "-c", f"cd {repo} && git checkout -- {files}"])
     await sandbox.write_file(_EVAL, harness.eval_script)
     run = await sandbox.exec(
         ["bash", "-c", f"bash {_EVAL} 2>&1"], timeout=timeout, max_output_bytes=_MAX_LOG_BYTES
     )
     if run.timed_out:
         return SWEGrade(False, reason=f"the eval script ran past {timeout:g} s", log=run.stdout)
+    if harness.log_parser == SWE_SMITH_PARSER:
+        report = await swesmith_report(instance, patch, run.stdout)
+        return _grade_of(report, run.stdout, run.exit_code, "swesmith")
     return _verdict(instance, patch, run.stdout, run.exit_code)
 
 
 def _verdict(instance: SWEInstance, patch: str, log: str, exit_code: int | None) -> SWEGrade:
     """swebench's ``get_eval_report`` on the eval script's output."""
-    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS
     from swebench.harness.grading import get_eval_report
     from swebench.types import TestSpec
 
@@ -269,6 +293,16 @@ def _verdict(instance: SWEInstance, patch: str, log: str, exit_code: int | None)
         path.write_text(log)
         report = get_eval_report(spec, prediction, str(path), include_tests_status=True)
     verdict = report[instance.instance_id]
+    if not verdict["patch_successfully_applied"]:
+        verdict.pop("tests_status", None)
+    return _grade_of(verdict, log, exit_code, "swebench")
+
+
+def _grade_of(verdict: dict[str, Any], log: str, exit_code: int | None, judge: str) -> SWEGrade:
+    """An :class:`SWEGrade` of swebench's (or swesmith's) report for one instance: ``resolved``
+    and, where it read test results, ``tests_status``."""
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS
+
     tests = verdict.get("tests_status", {})
 
     def counts(kind: str) -> tuple[int, int]:
@@ -278,13 +312,13 @@ def _verdict(instance: SWEInstance, patch: str, log: str, exit_code: int | None)
     resolved = bool(verdict["resolved"])
     if resolved:
         reason = ""
-    elif not verdict["patch_successfully_applied"]:
+    elif "tests_status" not in verdict:
         why = verdict.get("infra_failure_reason", "")
-        reason = "swebench reads no test results from the eval script's output" + (
+        reason = f"{judge} reads no test results from the eval script's output" + (
             f" ({why})" if why else ""
         )
     else:
-        reason = "a FAIL_TO_PASS or PASS_TO_PASS test did not pass (swebench's report)"
+        reason = f"a FAIL_TO_PASS or PASS_TO_PASS test did not pass ({judge}'s report)"
     return SWEGrade(
         resolved,
         fail_to_pass=counts(FAIL_TO_PASS),
@@ -295,8 +329,11 @@ def _verdict(instance: SWEInstance, patch: str, log: str, exit_code: int | None)
     )
 
 
-async def _set_up(sandbox: Sandbox, instance: SWEInstance, archive: bytes) -> str:
-    """Unpack the image's ``repo_dir`` into the sandbox's copy, apply ``base_patch`` (committed),
+async def _set_up(
+    sandbox: Sandbox, instance: SWEInstance, archive: bytes, *, hide_tests: bool
+) -> str:
+    """Unpack the image's ``repo_dir`` into the sandbox's copy; with a ``base_patch``, apply it,
+    remove the ``hidden_tests`` (``hide_tests``) and commit the tree as a new history's root;
     write the activation file; return the repository's commit."""
     harness = instance.harness
     assert harness is not None
@@ -309,8 +346,12 @@ async def _set_up(sandbox: Sandbox, instance: SWEInstance, archive: bytes) -> st
     )
     if harness.base_patch:
         await sandbox.write_file(_PATCH, harness.base_patch)
-        script += (
-            f"git apply {_PATCH}; rm {_PATCH}; git add -A; "
+        hidden = " ".join(shlex.quote(path) for path in harness.hidden_tests)
+        script += f"git apply {_PATCH}; rm {_PATCH}; " + (
+            f"rm -f -- {hidden}; " if hide_tests and hidden else ""
+        )
+        script += (  # a new history: the image's holds the tree before the bug, i.e. the fix
+            "rm -rf .git; git init -q; git add -A; "
             f"git {_IDENTITY} commit -q --no-verify -m 'base_patch'; "
         )
     result = await sandbox.exec(["bash", "-c", script + "git rev-parse HEAD"], timeout=300)

@@ -17,14 +17,17 @@ swe-gym    SWE-Gym (lists, no ``environment_setup_commit``): OpenHands' image na
            ``xingyaoww/sweb.eval.x86_64.<id, __ as _s_>``, parser from SWE-Gym's SWE-bench fork.
 swe-smith  SWE-smith (``image_name``, no base commit, no test patch): base = ``/testbed`` with the
            row's ``patch`` applied (the instance branch's tree); the gold fix is its reverse.
-           Test command and parser come from SWE-smith's repository profiles: not read here.
+           Test command, test files and parser come from SWE-smith's repository profiles, which
+           are not copied here: ``scripts/swesmith-eval-scripts`` adds ``eval_script``,
+           ``hidden_tests`` and ``reset_tests`` with swesmith's own code, and grading calls its
+           ``get_eval_report`` (log parser ``"swesmith"``, :mod:`agentrl.envs.swe.swesmith_grading`).
 r2e-gym    R2E-Gym (``docker_image``, ``parsed_commit_content``, ``expected_output_json``): gold fix
            rebuilt as R2E-Gym's ``ParsedCommit.get_patch(test_file=False)``; tests by
            ``bash /root/run_tests.sh``; graded by every test having its expected status.
 ========== ==============================================================================================
 
-Not done here: checking that images exist, running anything on them (the next step), or
-reproducing SWE-bench 4's and SWE-smith's test commands.
+Not done here: checking that images exist, running anything on them
+(:mod:`agentrl.envs.swe.image_harness`), or reproducing SWE-bench 4's and SWE-smith's test commands.
 """
 
 from __future__ import annotations
@@ -68,6 +71,10 @@ class HarnessSpec(BaseModel):
     """``pass_and_fail`` or ``fail_only`` (SWE-bench's ``EvalType``), or ``expected_statuses``."""
     expected_statuses: dict[str, str] | None = None
     """Every test's status after the fix (R2E-Gym grades on all of them)."""
+    hidden_tests: tuple[str, ...] = ()
+    """Test files removed from the agent's tree (SWE-smith: the FAIL_TO_PASS tests' files)."""
+    reset_tests: tuple[str, ...] = ()
+    """Test files restored (``git checkout --``) after the patch, before the eval script."""
 
 
 class FieldError(ValueError):
@@ -174,6 +181,10 @@ SWE_GYM_LOG_PARSERS = {
     "facebookresearch/hydra": "parse_log_pytest",
 }
 SWEBENCH5_EVAL_TYPES = frozenset({"pass_and_fail", "fail_only"})
+SWE_SMITH_PARSER = "swesmith"
+"""A SWE-smith row's log parser: its repository profile's, run by swesmith's own grading."""
+SWE_SMITH_ADDED = ("eval_script", "hidden_tests", "reset_tests")
+"""The columns ``scripts/swesmith-eval-scripts`` adds to a SWE-smith row."""
 
 
 def swebench_image(instance_id: str, namespace: str | None = None, tag: str = "latest") -> str:
@@ -268,10 +279,14 @@ def read_swe_smith(row: Mapping[str, Any]) -> dict[str, Any]:
     repo = _text(row, "repo")
     out = _with_harness(
         row,
-        ("image_name",),
+        ("image_name", *SWE_SMITH_ADDED),
         format="swe-smith",
         image=_text(row, "image_name"),
         base_patch=bug,
+        eval_script=_text(row, "eval_script") if "eval_script" in row else None,
+        log_parser=SWE_SMITH_PARSER,
+        hidden_tests=_paths(row, "hidden_tests"),
+        reset_tests=_paths(row, "reset_tests"),
     )
     out.update(
         patch=reverse_diff(bug),
@@ -280,6 +295,13 @@ def read_swe_smith(row: Mapping[str, Any]) -> dict[str, Any]:
         version=out.get("version") or repo.rpartition(".")[2],
     )
     return out
+
+
+def _paths(row: Mapping[str, Any], field: str) -> tuple[str, ...]:
+    value = row.get(field, [])
+    if not isinstance(value, list | tuple) or not all(isinstance(p, str) for p in value):
+        raise FieldError(field, f"must be a list of paths, got {value!r:.80}")
+    return tuple(value)
 
 
 def read_r2e_gym(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,13 +19,20 @@ the fix); the user root. What differs from an official image, and why:
 * the project is not pip-installed: its tests import it from ``/testbed``, where ``python3 -m
   pytest`` runs (the shipped projects are pure Python and have no dependencies beyond pytest).
 
+The same Containerfile builds each shipped project's image in SWE-smith's layout
+(:mod:`agentrl.envs.swe.swesmith_rows`): ``/testbed`` is the project's clean tree, the sdist with
+its tests, committed as ``environment_setup_commit`` (:func:`~agentrl.envs.swe.repo.build_environment_tree`);
+the instances' SWE-smith rows apply their bug to it.
+
 The build context of one image is written by :func:`write_context` (the CLI's ``context``);
 ``sandboxes/build.sh`` reads the images to build from the CLI's ``list``::
 
     python -m agentrl.envs.swe.testbed list [--instances FILE]
-        one line per instance: its image, its project's image, base_commit, instance_id
-    python -m agentrl.envs.swe.testbed context DIR INSTANCE_ID... [--instances FILE]
-        DIR/<instance_id>/testbed: the base tree, committed
+        one line per instance: its image, its project's image, base_commit, instance_id; then one
+        per project in SWE-smith's layout: its image, the project's image, environment_setup_commit,
+        swesmith-<name>-<version>
+    python -m agentrl.envs.swe.testbed context DIR ID... [--instances FILE]
+        DIR/<id>/testbed: the base tree (or the clean tree), committed
 """
 
 from __future__ import annotations
@@ -35,10 +42,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl.envs.swe import swesmith_rows
 from agentrl.envs.swe.env import SHIPPED_INSTANCES
 from agentrl.envs.swe.instances import SWEInstance, load_instances
 from agentrl.envs.swe.projects import TESTBED_BUILD_COMMAND, Project, load_projects, project_of
-from agentrl.envs.swe.repo import build_base_tree
+from agentrl.envs.swe.repo import build_base_tree, build_environment_tree
 from agentrl.envs.swe.row_formats import swebench_image
 
 TESTBED = "/testbed"
@@ -69,6 +77,47 @@ def swebench_images(instances: Sequence[SWEInstance]) -> list[SWEBenchImage]:
     return [SWEBenchImage(instance, project_of(instance, projects)) for instance in instances]
 
 
+@dataclass(frozen=True)
+class SWESmithImage:
+    """One project's image in SWE-smith's layout: its clean tree at ``/testbed``."""
+
+    instance: SWEInstance
+    """Any instance of the project (they share the clean tree)."""
+    project: Project
+
+    @property
+    def name(self) -> str:
+        return swesmith_rows.image_name(self.instance)
+
+    @property
+    def key(self) -> str:
+        """Its build context's name (and ``agentrl.swe.instance`` label)."""
+        return f"swesmith-{self.project.spec.name}-{self.project.spec.version}"
+
+
+def swesmith_images(instances: Sequence[SWEInstance]) -> list[SWESmithImage]:
+    """One image per project of ``instances``."""
+    by_project: dict[str, SWESmithImage] = {}
+    for image in swebench_images(instances):
+        key = str(image.project.path)
+        by_project.setdefault(key, SWESmithImage(image.instance, image.project))
+    return list(by_project.values())
+
+
+def write_swesmith_context(image: SWESmithImage, dest: str | Path) -> Path:
+    """Write ``image``'s build context into ``dest`` (created): ``dest/testbed``, the clean tree
+    committed; raises RuntimeError when its commit is not ``environment_setup_commit``."""
+    dest = Path(dest)
+    dest.mkdir(parents=True)
+    sha = build_environment_tree(image.project.sdist, dest / "testbed")
+    if sha != image.instance.environment_setup_commit:
+        raise RuntimeError(
+            f"{image.key}: the clean tree is commit {sha}, "
+            f"not environment_setup_commit {image.instance.environment_setup_commit}"
+        )
+    return dest
+
+
 def write_context(image: SWEBenchImage, dest: str | Path) -> Path:
     """Write ``image``'s build context into ``dest`` (created): ``dest/testbed``, the base tree
     committed; raises RuntimeError when its commit is not ``base_commit``. Returns ``dest``."""
@@ -96,7 +145,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     context.add_argument("instance_ids", nargs="+")
     args = parser.parse_args(argv)
 
-    images = swebench_images(load_instances(args.instances))
+    instances = load_instances(args.instances)
+    images = swebench_images(instances)
+    smiths = swesmith_images(instances)
     if args.command == "list":
         for image in images:
             print(
@@ -105,13 +156,21 @@ def main(argv: Sequence[str] | None = None) -> None:
                 image.instance.base_commit,
                 image.instance.instance_id,
             )
+        for smith in smiths:
+            print(
+                smith.name, smith.project.image, smith.instance.environment_setup_commit, smith.key
+            )
         return
     by_id = {image.instance.instance_id: image for image in images}
-    unknown = sorted(set(args.instance_ids) - set(by_id))
+    by_key = {smith.key: smith for smith in smiths}
+    unknown = sorted(set(args.instance_ids) - set(by_id) - set(by_key))
     if unknown:
         parser.error(f"no such instance in {args.instances}: {', '.join(unknown)}")
-    for instance_id in args.instance_ids:
-        write_context(by_id[instance_id], Path(args.dir) / instance_id)
+    for key in args.instance_ids:
+        if key in by_key:
+            write_swesmith_context(by_key[key], Path(args.dir) / key)
+        else:
+            write_context(by_id[key], Path(args.dir) / key)
 
 
 if __name__ == "__main__":

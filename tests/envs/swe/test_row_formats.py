@@ -264,7 +264,8 @@ def test_swe_smith_row_base_is_the_bug_and_gold_its_reverse():
     assert harness.base_patch == BUG
     assert instance.patch == reverse_diff(BUG)
     assert (instance.base_commit, instance.test_patch, instance.version) == ("", "", "1fd52536")
-    assert harness.log_parser is None and harness.test_command is None
+    assert harness.log_parser == "swesmith" and harness.test_command is None
+    assert harness.eval_script is None and harness.hidden_tests == harness.reset_tests == ()
 
 
 def test_r2e_gym_row():
