@@ -85,6 +85,9 @@ _ACTIVATE_LINE = re.compile(r"^\s*(source\s+\S*activate\b.*|conda activate\s+\S+
 _IDENTITY = "-c user.name=agentrl -c user.email=agentrl@localhost -c commit.gpgsign=false"
 
 
+SHIPPED_SWESMITH_IMAGES = "swebench/swesmith.x86_64.agentrl-taskgen_1776_"
+"""How the shipped projects' SWE-smith-layout images begin (:mod:`~agentrl.envs.swe.swesmith_rows`)."""
+
 _EVAL_SCRIPT_HINTS = {
     "swebench": "; `scripts/swebench4-eval-scripts IN.jsonl OUT.jsonl` adds the one swebench "
     "4.1 writes from its spec tables",
@@ -143,10 +146,12 @@ def check_images(instances: Sequence[SWEInstance], client: Any) -> None:
 
 def build_command(instance: SWEInstance) -> str:
     """The command that makes ``instance``'s image: ``sandboxes/build.sh swe-testbed`` for a
-    shipped instance's official-layout image, else ``podman pull``."""
+    shipped instance's official-layout image or a shipped project's SWE-smith-layout one, else
+    ``podman pull``."""
     image = instance.harness.image if instance.harness else ""
-    ours = swebench_image(instance.instance_id) in (image, image.removeprefix("localhost/"))
-    if instance.agentrl_taskgen is not None and ours:
+    image = image.removeprefix("localhost/")
+    ours = swebench_image(instance.instance_id) == image and instance.agentrl_taskgen is not None
+    if ours or image.startswith(SHIPPED_SWESMITH_IMAGES):
         return TESTBED_BUILD_COMMAND
     return f"podman pull {image}"
 

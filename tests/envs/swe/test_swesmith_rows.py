@@ -181,3 +181,24 @@ async def test_a_failing_grader_is_an_infrastructure_fault(rows, monkeypatch):
     finally:
         await env.aclose()
     assert done and reward == 0.0 and "No profile registered" in info[INFRA_ERROR]
+
+
+@pytest.mark.parametrize(
+    ("image", "command"),
+    [
+        ("swebench/swesmith.x86_64.agentrl-taskgen_1776_inflection.0000000a", "swe-testbed"),
+        ("swebench/swesmith.x86_64.oauthlib_1776_oauthlib.1fd52536", "podman pull swebench/"),
+    ],
+)
+def test_a_missing_image_is_refused_with_the_command_that_makes_it(rows, tmp_path, image, command):
+    row = json.loads(rows[1].read_text().splitlines()[0]) | {"image_name": image}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(HarnessError, match=f"images missing on the engine: {image} .*{command}"):
+        gymnasium.make(
+            "agentrl/SWE-v0",
+            instances=str(path),
+            instance_format="swe-smith",
+            instance_ids=[row["instance_id"]],
+            sandbox="container",
+        )
