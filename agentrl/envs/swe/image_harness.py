@@ -149,9 +149,9 @@ def build_command(instance: SWEInstance) -> str:
     shipped instance's official-layout image or a shipped project's SWE-smith-layout one, else
     ``podman pull``."""
     image = instance.harness.image if instance.harness else ""
-    image = image.removeprefix("localhost/")
-    ours = swebench_image(instance.instance_id) == image and instance.agentrl_taskgen is not None
-    if ours or image.startswith(SHIPPED_SWESMITH_IMAGES):
+    short = image.removeprefix("localhost/")
+    ours = swebench_image(instance.instance_id) == short and instance.agentrl_taskgen is not None
+    if ours or short.startswith(SHIPPED_SWESMITH_IMAGES):
         return TESTBED_BUILD_COMMAND
     return f"podman pull {image}"
 

@@ -37,7 +37,6 @@ from the output as failed).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
@@ -46,9 +45,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.swe.env import SHIPPED_INSTANCES
-from agentrl.envs.swe.instances import SWEInstance, load_instances
+from agentrl.envs.swe.instances import SWEInstance
 from agentrl.envs.swe.repo import files_added_by
+from agentrl.envs.swe.rows_cli import rows_cli
 from agentrl.envs.swe.testbed import TESTBED, SWEBenchImage, swebench_images
 
 START_TEST_OUTPUT = ">>>>> Start Test Output"
@@ -135,21 +134,12 @@ def _words(words: Any) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    rows_cli(
+        argv,
         prog="python -m agentrl.envs.swe.swebench_rows",
         description="Write SWE instances as SWE-bench 5 rows (a dataset for its harness).",
+        write=write_rows,
     )
-    parser.add_argument("out", help="the .jsonl file to write")
-    parser.add_argument("instance_ids", nargs="*", help="these instances only (default: all)")
-    parser.add_argument("--instances", default=str(SHIPPED_INSTANCES), help="instances file")
-    args = parser.parse_args(argv)
-    instances = load_instances(args.instances)
-    if args.instance_ids:
-        unknown = sorted(set(args.instance_ids) - {i.instance_id for i in instances})
-        if unknown:
-            parser.error(f"no such instance in {args.instances}: {', '.join(unknown)}")
-        instances = [i for i in instances if i.instance_id in args.instance_ids]
-    write_rows(instances, args.out)
 
 
 if __name__ == "__main__":

@@ -30,15 +30,14 @@ conda environment to enter (these images have none, as the SWE-bench-layout ones
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.swe.env import SHIPPED_INSTANCES
-from agentrl.envs.swe.instances import SWEInstance, load_instances
+from agentrl.envs.swe.instances import SWEInstance
 from agentrl.envs.swe.row_formats import reverse_diff
+from agentrl.envs.swe.rows_cli import rows_cli
 
 PROFILES = Path(__file__).parent / "data" / "swesmith_profiles.py"
 """SWE-smith profiles of the shipped projects, for ``$AGENTRL_SWESMITH_PROFILES``."""
@@ -94,23 +93,14 @@ def write_rows(instances: Sequence[SWEInstance], path: str | Path) -> list[dict[
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    selected, written, out = rows_cli(
+        argv,
         prog="python -m agentrl.envs.swe.swesmith_rows",
         description="Write SWE instances as SWE-smith rows (its seven published columns).",
+        write=write_rows,
     )
-    parser.add_argument("out", help="the .jsonl file to write")
-    parser.add_argument("instance_ids", nargs="*", help="these instances only (default: all)")
-    parser.add_argument("--instances", default=str(SHIPPED_INSTANCES), help="instances file")
-    args = parser.parse_args(argv)
-    instances = load_instances(args.instances)
-    if args.instance_ids:
-        unknown = sorted(set(args.instance_ids) - {i.instance_id for i in instances})
-        if unknown:
-            parser.error(f"no such instance in {args.instances}: {', '.join(unknown)}")
-        instances = [i for i in instances if i.instance_id in args.instance_ids]
-    rows = write_rows(instances, args.out)
-    left = len(instances) - len(rows)
-    print(f"{len(rows)} SWE-smith rows written to {args.out}", end="")
+    left = selected - written
+    print(f"{written} SWE-smith rows written to {out}", end="")
     print(f"; {left} left out (no FAIL_TO_PASS test SWE-smith's parser can name)" if left else "")
 
 

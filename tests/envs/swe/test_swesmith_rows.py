@@ -62,6 +62,16 @@ def rows(tmp_path_factory):
         os.environ[PROFILES_VARIABLE] = saved
 
 
+def make_env(path: Path, instance_ids: list[str] | None = None):
+    return gymnasium.make(
+        "agentrl/SWE-v0",
+        instances=str(path),
+        instance_format="swe-smith",
+        instance_ids=instance_ids,
+        sandbox="container",
+    )
+
+
 def smith_id(instance_id: str) -> str:
     row = swesmith_row(INSTANCES[instance_id])
     assert row is not None
@@ -70,13 +80,7 @@ def smith_id(instance_id: str) -> str:
 
 async def episode(rows, instance_id: str, *commands: str) -> tuple[list, float, dict]:
     """Reset, one bash call per command, submit: the outputs, the reward and the last info."""
-    env = gymnasium.make(
-        "agentrl/SWE-v0",
-        instances=str(rows[1]),
-        instance_format="swe-smith",
-        instance_ids=[smith_id(instance_id)],
-        sandbox="container",
-    )
+    env = make_env(rows[1], [smith_id(instance_id)])
     shown = []
     try:
         await env.areset(seed=0)
@@ -140,23 +144,13 @@ async def test_rewriting_the_hidden_tests_scores_zero(rows):
 
 def test_a_row_without_swesmiths_columns_is_refused_naming_the_script(rows):
     with pytest.raises(HarnessError, match="scripts/swesmith-eval-scripts"):
-        gymnasium.make(
-            "agentrl/SWE-v0",
-            instances=str(rows[0]),
-            instance_format="swe-smith",
-            sandbox="container",
-        )
+        make_env(rows[0])
 
 
 def test_without_swesmith_the_rows_are_refused_naming_the_setup(rows, tmp_path, monkeypatch):
     monkeypatch.setenv(VENV_VARIABLE, str(tmp_path))
     with pytest.raises(HarnessError, match="scripts/setup-swebench-env"):
-        gymnasium.make(
-            "agentrl/SWE-v0",
-            instances=str(rows[1]),
-            instance_format="swe-smith",
-            sandbox="container",
-        )
+        make_env(rows[1])
 
 
 async def test_a_failing_grader_is_an_infrastructure_fault(rows, monkeypatch):
@@ -166,13 +160,7 @@ async def test_a_failing_grader_is_an_infrastructure_fault(rows, monkeypatch):
     (instance, *_) = load_instances(rows[1], format="swe-smith")
     with pytest.raises(SideError, match="No profile registered"):
         await swesmith_report(instance, instance.patch, "")
-    env = gymnasium.make(
-        "agentrl/SWE-v0",
-        instances=str(rows[1]),
-        instance_format="swe-smith",
-        instance_ids=[instance.instance_id],
-        sandbox="container",
-    )
+    env = make_env(rows[1], [instance.instance_id])
     try:
         await env.areset(seed=0)
         gold = f"git apply <<'AGENTRL_EOF'\n{instance.patch}\nAGENTRL_EOF"
@@ -195,10 +183,4 @@ def test_a_missing_image_is_refused_with_the_command_that_makes_it(rows, tmp_pat
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(row) + "\n")
     with pytest.raises(HarnessError, match=f"images missing on the engine: {image} .*{command}"):
-        gymnasium.make(
-            "agentrl/SWE-v0",
-            instances=str(path),
-            instance_format="swe-smith",
-            instance_ids=[row["instance_id"]],
-            sandbox="container",
-        )
+        make_env(path, [row["instance_id"]])
