@@ -71,3 +71,17 @@ def test_swe_train_and_test_never_share_a_bug():
     assert splits["train"] and splits["test"] and not splits["train"] & splits["test"]
     with pytest.raises(ValueError, match="instance_ids or split, not both"):
         gymnasium.make("agentrl/SWE-v0", split="test", instance_ids=["toolz__1.2.0-5"])
+
+
+def test_a_swe_instances_file_is_used_whole(tmp_path):
+    """A user's rows are never re-split (as a Math-v0 file): all 33 shipped instances written
+    to a file give 33 tasks, whatever the split."""
+    from agentrl.envs.swe.env import SHIPPED_INSTANCES
+    from agentrl.envs.swe.instances import load_instances, write_instances
+
+    path = tmp_path / "rows.jsonl"
+    write_instances(load_instances(SHIPPED_INSTANCES), path)
+    for split in ("train", "test"):
+        env = gymnasium.make("agentrl/SWE-v0", instances=str(path), split=split, sandbox="bwrap")
+        assert env.unwrapped.num_tasks == 33
+        env.close()

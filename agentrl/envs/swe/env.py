@@ -100,9 +100,10 @@ class SWEConfig(Config):
     instance_ids: list[str] | None = None
     """Restrict the episodes to these instance ids (of any split: they replace `split`)."""
     split: Literal["train", "test"] = "train"
-    """Held-out splits by bug (`agentrl.envs.splits`): a generated instance's key is its
-    repository, file and function (two bugs in one function are on one side), a benchmark row's
-    its instance id. Not applied when `instance_ids` names the instances."""
+    """Held-out splits of the shipped instances by bug (`agentrl.envs.splits`): an instance's key
+    is its repository, file and function (two bugs in one function are on one side). Not
+    applied when `instance_ids` names the instances; ignored for a file given as `instances`,
+    which is used whole, as Math-v0 uses a file (a benchmark's rows keep its own splits)."""
     projects: str | Path = SHIPPED_PROJECTS
     """The directory of the instances' project files and source distributions."""
     tool_format: Literal["hermes", "tags"] = "hermes"
@@ -135,7 +136,7 @@ class SWEEnv(AgentEnv):
         loaded = load_instances(
             config.instances or SHIPPED_INSTANCES, format=config.instance_format
         )
-        if config.instance_ids is None:
+        if config.instance_ids is None and config.instances is None:
             loaded = [i for i in loaded if split_of(bug_key(i)) == config.split]
         self.instances = _select(loaded, config.instance_ids)
         harnessed = [i for i in self.instances if i.harness is not None]
