@@ -16,14 +16,16 @@ into that tmpfs, owned by the sandbox user, at the same path (an editable instal
 still finds it). ``base_patch`` (SWE-smith's bug) is applied when set, the ``hidden_tests``
 removed (SWE-smith's "Remove F2P Tests" commit), and the tree committed as the root of a new
 history: the image's history holds the tree before the bug, that is the fix, so the agent does
-not get it. The diff at submit is taken against that commit, as today. The environment the harness tests in is entered by the lines of
-the row's ``eval_script`` that activate one (``source .../activate``, ``conda activate ...``),
-given to every ``bash`` the tools start through ``BASH_ENV``; the shipped rows' images have no
-conda and their scripts activate nothing, so nothing is.
+not get it. The diff at submit is taken against that commit, as today. The environment the
+harness tests in is entered by what of the row's ``eval_script`` activates one (``source
+.../activate``, ``conda activate ...``: its lines before the tests, then the leading statements
+of its test command, as SWE-smith's profiles write them), given to every ``bash`` the tools start
+through ``BASH_ENV``; the shipped rows' images have no conda and their scripts activate nothing,
+so nothing is.
 
 **Grading** (:func:`grade_in_image`) follows ``swebench.harness.run_evaluation`` (5.0.2): a
-FRESH container of the same image, set up as above but with the hidden tests kept; the patch applied by
-``GIT_APPLY_CMDS`` in order, the tree reset between tries, then the reverse check; the
+FRESH container of the same image, set up as above but with the hidden tests kept; the patch
+applied by ``GIT_APPLY_CMDS`` in order, the tree reset between tries, then the reverse check; the
 ``reset_tests`` restored from that commit (SWE-smith's ``git checkout --`` of the instance's test
 files); the row's ``eval_script`` run with bash (output and errors together, as the harness logs
 them); the log read by swebench's own ``get_eval_report`` (the parser ``harness.log_parser``
@@ -157,9 +159,19 @@ def build_command(instance: SWEInstance) -> str:
 
 
 def activation(instance: SWEInstance) -> str:
-    """The lines of the row's eval script before its tests that enter an environment."""
+    """What of the row's eval script enters an environment: its lines before the tests that do
+    (SWE-bench's scripts), then the statements of its test command that do (SWE-smith's
+    profiles start the command with ``source .../activate; conda activate testbed;``)."""
     script = (instance.harness.eval_script if instance.harness else None) or ""
-    return "\n".join(m.group(1) for m in _ACTIVATE_LINE.finditer(script.split(">>>>> Start")[0]))
+    before, _, after = script.partition(">>>>> Start")
+    lines = [m.group(1) for m in _ACTIVATE_LINE.finditer(before)]
+    command = after.partition("\n")[2].partition("\n")[0]  # the line after the marker
+    for statement in re.split(r";|&&", command):
+        if _ACTIVATE_LINE.fullmatch(statement.strip()):
+            lines.append(statement.strip())
+        else:
+            break
+    return "\n".join(lines)
 
 
 class ImageRepos:

@@ -526,3 +526,27 @@ def test_swebench_rows_run_with_the_eval_script_swebench_4_writes(tmp_path):
 
     assert SWEBENCH_FAIL_ONLY_REPOS == FAIL_ONLY_REPOS > set(tables["fail_only"])
     assert tables["image"] == harness.image == swebench_image(instance.instance_id)
+
+
+def test_swe_smith_rows_get_their_profiles_eval_script_and_environment(tmp_path):
+    """scripts/swesmith-eval-scripts runs SWE-smith's own profile of the row's repository
+    (oauthlib's, in swesmith 0.0.9's registry): the eval script runs its test command, which
+    enters the image's conda env first; the agent's shells enter it too (activation), and the
+    FAIL_TO_PASS test's file is hidden from the agent."""
+    rows, out = tmp_path / "rows.jsonl", tmp_path / "with-scripts.jsonl"
+    rows.write_text(json.dumps(swe_smith_row()) + "\n")
+    script = ROOT / "scripts" / "swesmith-eval-scripts"
+    done = subprocess.run([script, rows, out], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (written,) = [json.loads(line) for line in out.read_text().splitlines()]
+    added = {"eval_script", "hidden_tests", "reset_tests"}
+    assert {k: v for k, v in written.items() if k not in added} == swe_smith_row()
+    assert written["hidden_tests"] == written["reset_tests"] == ["tests/test_common.py"]
+    (instance,) = load_instances(out)
+    assert instance.harness.eval_script == written["eval_script"]
+    assert "conda activate testbed; pytest --disable-warnings --color=no" in written["eval_script"]
+    assert activation(instance).splitlines() == [
+        "source /opt/miniconda3/bin/activate",
+        "conda activate testbed",
+    ]
+    check_rows([instance], "container")  # runnable, given its image
