@@ -23,14 +23,15 @@ of its test command, as SWE-smith's profiles write them), given to every ``bash`
 through ``BASH_ENV``; the shipped rows' images have no conda and their scripts activate nothing,
 so nothing is.
 
-**Grading** (:func:`grade_in_image`) follows ``swebench.harness.run_evaluation`` (5.0.2): a
-FRESH container of the same image, set up as above but with the hidden tests kept; the patch
-applied by ``GIT_APPLY_CMDS`` in order, the tree reset between tries, then the reverse check; the
-``reset_tests`` restored from that commit (SWE-smith's ``git checkout --`` of the instance's test
-files); the row's ``eval_script`` run with bash (output and errors together, as the harness logs
-them); the log read by swebench's own ``get_eval_report`` (the parser ``harness.log_parser``
-names, its evidence checks, ``FAIL_TO_PASS``/``PASS_TO_PASS`` by ``eval_type``), or for a
-SWE-smith row by swesmith's (:mod:`agentrl.envs.swe.swesmith_grading`: its profile's parser).
+**Grading** (:func:`grade_in_image`) follows ``swebench.harness.run_evaluation`` (5.0.2): a FRESH
+container of the same image, set up as above but with the hidden tests kept; the patch applied by
+``GIT_APPLY_CMDS`` in order, the tree reset between tries, then the reverse check (SWE-smith's chain
+for its rows: :data:`SWESMITH_GIT_APPLY_CMDS`); the ``reset_tests`` restored from that commit
+(SWE-smith's ``git checkout --`` of the instance's test files); the row's ``eval_script`` run with
+bash (output and errors together, as the harness logs them); the log read by swebench's own
+``get_eval_report`` (the parser ``harness.log_parser`` names, its evidence checks,
+``FAIL_TO_PASS``/``PASS_TO_PASS`` by ``eval_type``), or for a SWE-smith row by swesmith's
+(:mod:`agentrl.envs.swe.swesmith_grading`: its profile's parser).
 
 **What it guarantees**: the agent's container is never graded; a patch that does not apply, a
 test run past ``test_timeout``, a container the tests kill, and every log swebench will not
@@ -74,7 +75,15 @@ GIT_APPLY_CMDS = (
     "git apply --verbose --reject",
     "patch --batch --forward --fuzz=5 -p1 -i",
 )
-"""``swebench.harness.run_evaluation.GIT_APPLY_CMDS`` (5.0.2), tried in this order."""
+"""``swebench.harness.run_evaluation.GIT_APPLY_CMDS`` (5.0.2), tried in this order, the tree
+reset between tries, then the reverse check."""
+SWESMITH_GIT_APPLY_CMDS = (
+    "git apply --verbose",
+    "git apply --verbose --reject",
+    "patch --batch --fuzz=5 -p1 -i",
+)
+"""``swesmith.constants.GIT_APPLY_CMDS`` (0.0.9), tried in this order for SWE-smith rows, as its
+``_apply_patch`` tries them: no reset between tries, no reverse check."""
 
 ACTIVATE_FILE = "/tmp/agentrl-activate.sh"
 """The activation lines of the row's eval script; ``BASH_ENV`` names it in the agent's box."""
@@ -259,18 +268,20 @@ async def _apply_and_test(
     assert harness is not None and harness.eval_script is not None
     repo = shlex.quote(harness.repo_dir)
     await sandbox.write_file(_PATCH, patch)
+    smith = harness.format == "swe-smith"
     applied = False
-    for attempt, command in enumerate(GIT_APPLY_CMDS):
-        reset = "git checkout -- . ; git clean -fd ; " if attempt else ""
+    for attempt, command in enumerate(SWESMITH_GIT_APPLY_CMDS if smith else GIT_APPLY_CMDS):
+        reset = "git checkout -- . ; git clean -fd ; " if attempt and not smith else ""
         result = await sandbox.exec(["bash", "-c", f"cd {repo} && {reset}{command} {_PATCH}"])
         if result.exit_code == 0:
             applied = True
             break
-    if not applied:
+    if not applied and not smith:
         check = f"cd {repo} && git apply --check --reverse {_PATCH}"
         applied = (await sandbox.exec(["bash", "-c", check])).exit_code == 0
     if not applied:
-        return SWEGrade(False, reason="the patch does not apply (SWE-bench's git apply chain)")
+        judge = "SWE-smith's" if smith else "SWE-bench's"
+        return SWEGrade(False, reason=f"the patch does not apply ({judge} git apply chain)")
     if harness.reset_tests:  # SWE-smith's one checkout; a path HEAD lacks fails it, as there
         files = " ".join(shlex.quote(path) for path in harness.reset_tests)
         await sandbox.exec(["bash", "-c", f"cd {repo} && git checkout -- {files}"])

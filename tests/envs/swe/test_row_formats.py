@@ -550,3 +550,23 @@ def test_swe_smith_rows_get_their_profiles_eval_script_and_environment(tmp_path)
         "conda activate testbed",
     ]
     check_rows([instance], "container")  # runnable, given its image
+
+
+def test_the_apply_chains_are_swebenchs_and_swesmiths():
+    """The grader's `git apply` chains are swebench 5.0.2's and swesmith 0.0.9's own."""
+    from agentrl.envs.swe.image_harness import GIT_APPLY_CMDS, SWESMITH_GIT_APPLY_CMDS
+
+    python = SWEBENCH_VENV / "bin" / "python"
+    code = "import json, {0}; print(json.dumps(list({0}.GIT_APPLY_CMDS)))"
+    for module, chain, path in [
+        ("swebench.harness.run_evaluation", GIT_APPLY_CMDS, ""),
+        ("swesmith.constants", SWESMITH_GIT_APPLY_CMDS, str(SWEBENCH_VENV / "swebench4")),
+    ]:
+        done = subprocess.run(
+            [python, "-c", code.format(module)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == list(chain), module
