@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import swebench  # noqa: E402
-from swebench.harness.constants import DOCKER_WORKDIR, FAIL_TO_PASS, PASS_TO_PASS  # noqa: E402
+from swebench.harness.constants import DOCKER_WORKDIR  # noqa: E402
 from swesmith.constants import TEST_OUTPUT_END, TEST_OUTPUT_START  # noqa: E402
 from swesmith.harness.grading import get_eval_report  # noqa: E402
 from swesmith.profiles import registry  # noqa: E402
@@ -95,9 +95,6 @@ def rows(source: Path, target: Path) -> None:
 
 def grade(request: dict) -> dict:
     instance = request["instance"]
-    for key in (FAIL_TO_PASS, PASS_TO_PASS):
-        if isinstance(instance.get(key), str):
-            instance[key] = json.loads(instance[key])
     prediction = {"instance_id": instance["instance_id"], "model_patch": request["patch"]}
     with tempfile.TemporaryDirectory(prefix="agentrl-swesmith-") as scratch:
         log = Path(scratch) / "test_output.txt"

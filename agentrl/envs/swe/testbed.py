@@ -95,10 +95,10 @@ class SWESmithImage:
         return f"swesmith-{self.project.spec.name}-{self.project.spec.version}"
 
 
-def swesmith_images(instances: Sequence[SWEInstance]) -> list[SWESmithImage]:
-    """One image per project of ``instances``."""
+def swesmith_images(images: Sequence[SWEBenchImage]) -> list[SWESmithImage]:
+    """One image per project of ``images`` (the instances' SWE-bench-layout images)."""
     by_project: dict[str, SWESmithImage] = {}
-    for image in swebench_images(instances):
+    for image in images:
         key = str(image.project.path)
         by_project.setdefault(key, SWESmithImage(image.instance, image.project))
     return list(by_project.values())
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     instances = load_instances(args.instances)
     images = swebench_images(instances)
-    smiths = swesmith_images(instances)
+    smiths = swesmith_images(images)
     if args.command == "list":
         for image in images:
             print(
