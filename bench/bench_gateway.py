@@ -168,6 +168,9 @@ class TimedEngine:
         finally:
             self.seconds += time.perf_counter() - start
 
+    async def end_session(self, session_id):
+        await self.engine.end_session(session_id)
+
 
 async def assembly(args) -> tuple[list[float], list[float], dict[int, float]]:
     """Per call: ms of ``Gateway.chat`` outside the engine; per session: ms to close it; the

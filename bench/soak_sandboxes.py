@@ -214,6 +214,9 @@ class ScriptedEngine:
         self.scripts: dict[int, list[str]] = {}
         self.turns: Counter[str] = Counter()
 
+    async def end_session(self, session_id: str) -> None:
+        """Nothing is kept per session."""
+
     async def generate(
         self, input_ids: Any, sampling: SamplingParams, session_id: str | None = None
     ) -> GenerateResult:

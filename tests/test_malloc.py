@@ -1,5 +1,5 @@
-"""`agentrl.malloc`: glibc's arenas capped for a training process (`limit_malloc_arenas`), freed
-heap pages handed back (`trim_heap`).
+"""`agentrl.malloc`: glibc's arenas capped for a training process (`limit_malloc_arenas`), large
+blocks mapped on their own (`fix_mmap_threshold`), freed heap pages handed back (`trim_heap`).
 
 Each case runs in a fresh interpreter (the cap acts on arenas made later in the process): threads
 allocate and free small blocks, then glibc's ``malloc_stats`` lists the arenas on stderr.
@@ -90,3 +90,45 @@ def test_trim_heap_hands_freed_heap_pages_back() -> None:
     trimmed, returned = run.stdout.split()
     assert trimmed == "True"
     assert int(returned) > 150 << 20  # most of the 200 MiB freed
+
+
+MAPPED = """
+import ctypes, sys
+from agentrl.malloc import fix_mmap_threshold
+print(fix_mmap_threshold() if sys.argv[1] == "fix" else None, flush=True)
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+libc.free(libc.malloc(8 << 20))  # a mapped block freed: glibc raises its threshold past 8 MiB
+blocks = []
+for _ in range(64):  # 384 MiB of 6 MiB blocks, the size of activations
+    blocks.append(libc.malloc(6 << 20))
+    ctypes.memset(blocks[-1], 1, 6 << 20)  # resident
+held = rss()
+for block in blocks[::2]:  # every other one: on the heap, each lies between live blocks
+    libc.free(block)
+print(held - rss())
+"""
+
+
+def freed_by(mode: str, **env: str) -> tuple[str, int]:
+    environment = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"} | env
+    run = subprocess.run(
+        [sys.executable, "-c", MAPPED, mode], capture_output=True, text=True, env=environment
+    )
+    assert run.returncode == 0, run.stderr
+    fixed, returned = run.stdout.split()
+    return fixed, int(returned)
+
+
+def test_a_fixed_threshold_returns_large_blocks_at_free() -> None:
+    """glibc's raised threshold puts 6 MiB blocks on the heap, where a freed one stays resident
+    between live ones; with the threshold fixed at 4 MiB each is its own mapping, gone at free."""
+    fixed, returned = freed_by("fix")
+    assert fixed == "True" and returned > 180 << 20
+    fixed, returned = freed_by("default")
+    assert fixed == "None" and returned < 20 << 20  # what the fix changes
+    fixed, returned = freed_by("fix", MALLOC_MMAP_THRESHOLD_=str(16 << 20))  # the environment wins
+    assert fixed == "False" and returned < 20 << 20

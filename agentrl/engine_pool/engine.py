@@ -27,6 +27,9 @@ Contract shared by every engine (the embedded `LocalEngine`, an SGLang client, a
 * ``abort(session_id)`` ends matching requests (all of them for ``None``), queued or running: they
   return ``finish_reason="abort"`` with the tokens produced so far. A partial rollout continues by
   calling ``generate(input_ids + result.token_ids, ...)``, under whatever weights are current.
+* ``end_session(session_id)`` says that a session (an episode) will make no more requests; an
+  engine may drop what it kept for it (the embedded engine: its prefix-cache entry; a pool: its
+  route). It changes no result, only what stays resident.
 * Invalid requests raise to their caller only (``ValueError``); an engine that can no longer serve
   raises :class:`EngineError` to every pending and later request instead of hanging.
 """
@@ -277,6 +280,10 @@ class Engine(Protocol):
 
     async def abort(self, session_id: str | None = None) -> None:
         """End matching requests (all if ``None``); they return ``"abort"`` and partial tokens."""
+        ...
+
+    async def end_session(self, session_id: str) -> None:
+        """``session_id`` will make no more requests: the engine may drop what it kept for it."""
         ...
 
     async def aclose(self) -> None:

@@ -22,7 +22,9 @@ length differs widely from the other admissions', and then joins the batch like 
 conversation's next turn (previous prompt + completion + new messages) so computes only the last
 completion token and the new messages; aborted partial rollouts resume the same way. Matching is by
 token ids only (``session_id`` is a lookup hint). ``prefix_cache_tokens`` bounds the tokens held
-(least-recently-used entries are evicted; ``0`` disables the cache); ``flush_cache`` empties it;
+(least-recently-used entries are evicted; ``0`` disables the cache); ``end_session`` drops the
+entry of a session that will make no more requests (an ended episode's KV is dead weight until it
+would be evicted); ``flush_cache`` empties it;
 ``stats`` counts hit and computed tokens. Memory: ``prefix_cache.nbytes``, at most
 ``prefix_cache_tokens`` times the KV of one token (46 KB for SmolLM2-135M in float32, so 3 GB at
 the default 65536), on top of the running batch's own cache.
@@ -300,6 +302,15 @@ class LocalEngine:
         """
         async with self._model_lock:
             self.prefix_cache.clear()
+
+    async def end_session(self, session_id: str) -> None:
+        """``session_id`` will make no more requests: drop its prefix-cache entry (a prefix it
+        shares with other sessions stays in theirs). A request of it still running is cached
+        when it leaves the batch, as any other, and evicted in turn."""
+        async with self._model_lock:
+            if self.serving:
+                await self._drop_done()  # a row that finished but has not left yet is cached first
+            self.prefix_cache.release(session_id)
 
     async def pause(self) -> None:
         self._paused = True

@@ -198,6 +198,12 @@ class EnginePool:
         targets = [member] if member is not None else self.healthy
         await self._fan_out(lambda e: e.abort(session_id), targets)
 
+    async def end_session(self, session_id: str) -> None:
+        """Forget the session's route and tell the engine that served it (if still healthy)."""
+        member = self._sessions.pop(session_id, None)
+        if member is not None and member.status == "healthy":
+            await self._fan_out(lambda e: e.end_session(session_id), [member])
+
     # -- internals ---------------------------------------------------------------------------
 
     def _choose(self, session_id: str | None) -> PoolMember:

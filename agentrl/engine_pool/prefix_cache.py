@@ -18,8 +18,11 @@ Memory bound. The entries hold at most ``max_tokens`` tokens in all (``0`` disab
 inserting evicts least-recently-used entries (a hit counts as a use) until the new one fits, and
 an entry longer than the budget is not stored. An entry that is a prefix of another is redundant
 (the longer one serves every query it would) and is dropped, so a session's turns replace one
-another instead of piling up. A token costs ``2 * layers * kv_heads * head_dim * dtype bytes``
-(46 KB for SmolLM2-135M in float32); ``nbytes`` reports what is held.
+another instead of piling up. ``release`` forgets a session that will make no more requests: its
+latest entry is dropped unless another session's latest entry is the same one (a prefix shared
+with other sessions, such as a system prompt, is still held by their entries). A token costs
+``2 * layers * kv_heads * head_dim * dtype bytes`` (46 KB for SmolLM2-135M in float32);
+``nbytes`` reports what is held.
 
 Not covered: which weights computed an entry. The owner clears the cache whenever the weights
 change (`LocalEngine.update_weights` does). Hits are views of the stored tensors; callers copy
@@ -133,6 +136,20 @@ class PrefixCache:
         self._tokens += len(key)
         self._point(session_id, key)
         return True
+
+    def release(self, session_id: str) -> int:
+        """Forget ``session_id``, dropping its latest entry if no other session's latest entry
+        is the same one; returns the tokens dropped (``0`` for a session the cache does not
+        know)."""
+        key = self._sessions.pop(session_id, None)
+        if key is None:
+            return 0
+        entry = self._entries[key]
+        entry.sessions.discard(session_id)
+        if entry.sessions:
+            return 0
+        self._remove(key)
+        return len(key)
 
     def clear(self) -> None:
         """Drop every entry (for example because the weights that computed them changed)."""

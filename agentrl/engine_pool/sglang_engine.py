@@ -29,6 +29,8 @@ lists the supported versions and what differs between them):
   ``pause_mode="in_place"`` keeps running requests and their KV: cheaper, but the flush is refused
   and KV computed by the old weights is reused. Each refused flush is counted in
   ``unflushed_updates`` and, in retract mode, warned about.
+* **Sessions.** ``end_session`` sends nothing: SGLang's radix cache evicts by LRU on its own and
+  has no route to free one session's prefix.
 * **Health.** ``/health_generate`` generates a token, and so does ``/health`` by default
   (``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``), so both wait while the server is paused and
   answer 503 after 20 s. While this client has the server paused, :meth:`healthy` asks
@@ -408,6 +410,11 @@ class SGLangEngine:
         await self._abort_rids(rids)
         await asyncio.sleep(_ABORT_AGAIN_AFTER_S)  # for a request that its abort overtook
         await self._abort_rids(rids & self._inflight.get(session_id, set()))
+
+    async def end_session(self, session_id: str) -> None:
+        """Nothing to tell the server: SGLang's radix cache (and ``agentrl serve``'s prefix
+        cache) evict least-recently-used entries on their own, and SGLang's HTTP API has no
+        route that frees one request's prefix."""
 
     # -- the rest of the API -----------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from agentrl.config import add_arguments as config_arguments
 from agentrl.config import config_from_args
-from agentrl.malloc import limit_malloc_arenas
+from agentrl.malloc import fix_mmap_threshold, limit_malloc_arenas
 
 INTERRUPTED = 130
 
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     limit_malloc_arenas()  # before any thread allocates (agentrl/malloc.py)
+    fix_mmap_threshold()
     from agentrl.rl.config import TrainConfig, config_reference_markdown
 
     console = Console()

@@ -287,7 +287,7 @@ class AgentRunner:
                 del self._running[session]
                 if session in self._abandoned:  # its episode ended while this call ran
                     self._abandoned.discard(session)
-                    self._close(session)
+                    await self._close(session)
                     ended = True
         if not ended and (response.status >= 500 or response.status == 429):
             text = response.text if isinstance(response, web.Response) else ""
@@ -338,7 +338,7 @@ class AgentRunner:
         except Exception as exc:
             _fail(trajectory, f"agent: {type(exc).__name__}: {exc}")
         finally:
-            record = self._close(session)
+            record = await self._close(session)
         fault = self._faults.pop(session, None)
         if fault is not None and trajectory.infra_error is None:
             trajectory.infra_error = f"gateway: {fault}"
@@ -351,13 +351,14 @@ class AgentRunner:
             await self._reward(trajectory, env, returned)
         return trajectory
 
-    def _close(self, session: str) -> SessionRecord | None:
-        """Hand out the session (None if it made no call); a call of it still running (the agent
-        timed out) is dropped when it ends, rather than left as an open session."""
+    async def _close(self, session: str) -> SessionRecord | None:
+        """Hand out the session (None if it made no call) and end it on the engine; a call of it
+        still running (the agent timed out) is dropped when it ends, rather than left as an open
+        session."""
         if session in self._running:
             self._abandoned.add(session)
         try:
-            return self.gateway.sessions.close(session)
+            return await self.gateway.close_session(session)
         except GatewayError:  # 404: the session never made a call that succeeded
             return None
 

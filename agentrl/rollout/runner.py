@@ -13,7 +13,8 @@ environment, the engine or tokenization ends that episode with ``error`` set (pr
 ``engine:`` or ``tokenization:``); it never ends the batch. A step info with ``"infra_error"`` (the
 environment could not judge the episode) is kept in ``infra_error``, and the last step info's
 ``"submission"`` (the answer in the benchmark's own format) in ``submission``. Timings are recorded
-per turn.
+per turn. When an episode ends, however it ends, the engine is told (``end_session``), so it can
+drop the episode's cached prefix instead of holding it until evicted.
 
 Partial rollouts. With ``resume_aborted=True`` a generation the engine aborts (the trainer does
 that before a weight update when ``stream.partial_rollouts="abort"``) keeps its tokens and is
@@ -25,6 +26,7 @@ carries running requests across the update and the runner sees one call.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections import defaultdict
@@ -36,7 +38,7 @@ import numpy as np
 from pydantic import Field
 
 from agentrl.config import Config
-from agentrl.engine_pool import Engine, SamplingParams
+from agentrl.engine_pool import Engine, EngineError, SamplingParams
 from agentrl.envs import INFRA_ERROR, AgentEnv, AgentWrapper
 from agentrl.rollout.trajectory import Trajectory, Turn
 from agentrl.tokenization import SeamPolicy, TemplatePolicy, TokenTrajectory, TrajectoryBuilder
@@ -161,7 +163,11 @@ class EpisodeRunner:
         try:
             return await self._episode(env, task)
         finally:
-            await env.aclose()
+            try:
+                await env.aclose()
+            finally:
+                with contextlib.suppress(EngineError):  # an engine that cannot serve holds nothing
+                    await self.engine.end_session(self._session(task))
 
     async def _episode(self, env: AgentEnv | AgentWrapper, task: RolloutTask) -> Trajectory:
         try:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.malloc import limit_malloc_arenas
+from agentrl.malloc import fix_mmap_threshold, limit_malloc_arenas
 
 if TYPE_CHECKING:
     from agentrl.sft.config import SFTConfig
@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     limit_malloc_arenas()  # before any thread allocates (agentrl/malloc.py)
+    fix_mmap_threshold()
     from agentrl.config import config_from_args
     from agentrl.sft.config import SFTConfig, sft_config_reference_markdown
 

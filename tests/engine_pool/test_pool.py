@@ -172,6 +172,9 @@ async def test_sticky_sessions_stay_on_one_engine(model_dir, tmp_path):  # noqa:
         homes = {sid: member.name for sid, member in pool._sessions.items()}
         assert len(set(homes.values())) == 2  # load spread over both engines
         assert sum(m.served for m in pool.members) == 12
+        await pool.end_session("s0")  # the route is forgotten; the server is sent nothing
+        assert "s0" not in pool._sessions and len(pool._sessions) == 3
+        await pool.end_session("never")
 
 
 async def test_a_pool_with_no_engine_left_raises():

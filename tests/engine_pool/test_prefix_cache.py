@@ -33,7 +33,9 @@ def brute_common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 # a tiny alphabet makes shared prefixes, and prefixes of prefixes, common
 ids = st.lists(st.integers(0, 2), min_size=1, max_size=10)
-operation = st.tuples(st.sampled_from(["insert", "lookup"]), ids, st.sampled_from([None, "a", "b"]))
+operation = st.tuples(
+    st.sampled_from(["insert", "lookup", "release"]), ids, st.sampled_from([None, "a", "b"])
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -50,6 +52,12 @@ def test_lookup_is_the_longest_common_prefix_and_the_budget_holds(
                 assert any(s[: len(tokens)] == tuple(tokens) for s in cache.sequences())
             else:
                 assert not stored
+        elif kind == "release":
+            before = cache.sequences()
+            dropped = cache.release(session) if session is not None else 0
+            gone = set(before) - set(cache.sequences())
+            assert len(gone) <= 1 and dropped == sum(len(s) for s in gone)
+            assert cache.sequences() == [s for s in before if s not in gone]  # order kept
         else:
             held = cache.sequences()
             hit = cache.lookup(tokens, session)
@@ -90,6 +98,22 @@ def test_a_turn_replaces_the_previous_turn_of_its_session() -> None:
     assert cache.lookup([5]) is None and cache.lookup([4, 5, 6]) is None
     cache.clear()
     assert (len(cache), cache.tokens, cache.lookup([5, 6, 7, 8, 9, 10], "s")) == (0, 0, None)
+
+
+def test_a_released_session_drops_its_entry_unless_another_session_holds_it() -> None:
+    cache = PrefixCache(100)
+    prompt = [1, 2, 3]
+    cache.insert([*prompt, 4, 5], fake_kv([*prompt, 4, 5]), "a")
+    cache.insert([*prompt, 6], fake_kv([*prompt, 6]), "b")
+    assert not cache.insert([*prompt, 6], fake_kv([*prompt, 6]), "c")  # b's entry, now c's too
+    assert cache.release("a") == 5  # a's own entry goes; the prompt is still in b's
+    assert cache.sequences() == [(*prompt, 6)]
+    assert cache.lookup([*prompt, 9]).length == 3
+    assert cache.release("b") == 0  # c's latest entry too: kept
+    assert cache.release("c") == 4
+    assert (len(cache), cache.tokens, cache.release("c"), cache.release("never")) == (0, 0, 0, 0)
+    cache.insert([7, 8], fake_kv([7, 8]))  # an entry of no session is left to the LRU
+    assert cache.release("a") == 0 and cache.sequences() == [(7, 8)]
 
 
 def test_bad_arguments_are_rejected(make_tiny_llama: Callable[..., LlamaForCausalLM]) -> None:

@@ -48,6 +48,9 @@ class ScriptedPolicy:
         self.tokenizer = tokenizer
         self.end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
+    async def end_session(self, session_id):
+        """Nothing is kept per session."""
+
     async def generate(self, input_ids, sampling, session_id=None):
         _, index, sample, _ = session_id.rsplit(":", 3)
         text = answer(int(index), int(sample))

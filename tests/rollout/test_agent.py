@@ -267,3 +267,4 @@ async def test_a_call_still_running_when_its_agent_times_out_leaves_no_session(
                 break
             await asyncio.sleep(0.01)
         assert len(agents.gateway.sessions) == 0 and not agents._running
+        assert tiny_engine.prefix_cache.tokens == 0  # and the engine was told: its KV is gone

@@ -53,30 +53,60 @@ async def test_groups_share_a_prompt_and_differ_in_samples(engine, tokenizer):
     assert trajectories[0].messages[1] != trajectories[3].messages[1]
 
 
-async def test_prompt_of_each_turn_is_a_prefix_of_the_final_ids(engine, tokenizer):
-    fed = []
-
-    class Recording:
-        async def generate(self, input_ids, sampling, session_id=None):
-            fed.append(list(input_ids))
-            return await engine.generate(input_ids, sampling, session_id)
-
-    runner = EpisodeRunner(
-        lambda: EchoEnv(attempts=3),
-        Recording(),
-        tokenizer,
-        SAMPLING,
-    )
-    (trajectory,) = await runner.collect(group_tasks(1))
-    ids = trajectory.tokens.input_ids
-    assert len(fed) == len(trajectory.turns) >= 1
-    for prompt in fed:
-        assert ids[: len(prompt)] == prompt
-
-
 class ExplodingEnv(AgentWrapper):
     async def astep(self, action):
         raise RuntimeError("env exploded")
+
+
+class Recording:
+    """The engine, recording what the runner asks of it."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.fed, self.sampled, self.ended = [], [], []
+
+    async def generate(self, input_ids, sampling, session_id=None):
+        self.fed.append((session_id, list(input_ids)))
+        self.sampled.append(sampling)
+        return await self.engine.generate(input_ids, sampling, session_id)
+
+    async def end_session(self, session_id):
+        self.ended.append(session_id)
+        await self.engine.end_session(session_id)
+
+
+async def test_prompt_of_each_turn_is_a_prefix_of_the_final_ids(engine, tokenizer):
+    recording = Recording(engine)
+    runner = EpisodeRunner(lambda: EchoEnv(attempts=3), recording, tokenizer, SAMPLING)
+    (trajectory,) = await runner.collect(group_tasks(1))
+    ids = trajectory.tokens.input_ids
+    assert len(recording.fed) == len(trajectory.turns) >= 1
+    for _, prompt in recording.fed:
+        assert ids[: len(prompt)] == prompt
+
+
+async def test_an_ended_episode_leaves_nothing_in_the_engines_prefix_cache(engine, tokenizer):
+    """Each episode, however it ends, ends its session on the engine once, which drops the
+    episode's prefix-cache entry; its later turns were served from that entry while it ran."""
+    recording = Recording(engine)
+    runner = EpisodeRunner(
+        lambda: EchoEnv(attempts=3),
+        recording,
+        tokenizer,
+        SamplingParams(temperature=1.0, max_new_tokens=4, seed=1),  # too short to echo: 3 turns
+    )
+    trajectories = await runner.collect(group_tasks(2, group_size=2))
+    assert all(len(t.turns) > 1 and t.error is None for t in trajectories)
+    assert engine.stats.prefix_hit_tokens > 0, "later turns reused the earlier turns' KV"
+    sessions = {session for session, _ in recording.fed}
+    assert len(sessions) == 4 and sorted(recording.ended) == sorted(sessions)
+    assert engine.prefix_cache.tokens == 0
+
+    failing = Recording(engine)
+    runner = EpisodeRunner(lambda: ExplodingEnv(EchoEnv()), failing, tokenizer, SAMPLING)
+    (trajectory,) = await runner.collect(group_tasks(1))
+    assert trajectory.error == "env: RuntimeError: env exploded"
+    assert failing.ended == [failing.fed[0][0]] and engine.prefix_cache.tokens == 0
 
 
 async def test_env_and_engine_errors_are_recorded_not_raised(engine, tokenizer):
@@ -214,21 +244,17 @@ class AsksToStop(AgentWrapper):
 
 
 async def test_the_environments_stop_strings_end_its_turns_token_exactly(engine, tokenizer):
-    sampled = []
-
-    class Recording:
-        async def generate(self, input_ids, sampling, session_id=None):
-            sampled.append(sampling)
-            return await engine.generate(input_ids, sampling, session_id)
-
+    recording = Recording(engine)
     runner = EpisodeRunner(
         lambda: AsksToStop(EchoEnv(attempts=3), [" ", "."]),
-        Recording(),
+        recording,
         tokenizer,
         SamplingParams(temperature=1.0, max_new_tokens=24, seed=1, stop=("\n", " ")),
     )
     trajectories = await runner.collect(group_tasks(2, group_size=2))
-    assert {s.stop for s in sampled} == {("\n", " ", ".")}  # the runner's first, each once
+    assert {s.stop for s in recording.sampled} == {
+        ("\n", " ", ".")
+    }  # the runner's first, each once
     turns = [turn for t in trajectories for turn in t.turns]
     assert any(turn.finish_reason == "stop" for turn in turns)
     for trajectory in trajectories:

@@ -79,6 +79,9 @@ class ScriptedPolicy:
         self.end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.turn: dict[str, int] = {}
 
+    async def end_session(self, session_id):
+        """Nothing is kept per session."""
+
     async def generate(self, input_ids, sampling, session_id=None):
         turn = self.turn.get(session_id, 0)
         self.turn[session_id] = turn + 1

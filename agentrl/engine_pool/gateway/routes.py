@@ -119,8 +119,10 @@ class GatewayRoutes:
     async def trajectories(self, request: web.Request) -> web.StreamResponse:
         session_id = request.match_info["session_id"]
         keep = request.query.get("close", "true").lower() in ("0", "false", "no")
-        store = self.gateway.sessions
-        record = store.get(session_id).record() if keep else store.close(session_id)
+        if keep:
+            record = self.gateway.sessions.get(session_id).record()
+        else:
+            record = await self.gateway.close_session(session_id)
         return web.json_response(record.to_dict())
 
     async def _body(self, request: web.Request) -> Any:

@@ -41,6 +41,7 @@ not continued: its grammar would start again at the seam; it ends with ``"abort"
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -61,6 +62,7 @@ from agentrl.engine_pool.gateway.responses import Choice, finish_reason
 from agentrl.engine_pool.gateway.sessions import (
     CallRecord,
     Session,
+    SessionRecord,
     SessionStore,
     Start,
     fork,
@@ -155,6 +157,14 @@ class Gateway:
                 param="model",
                 code="model_not_found",
             )
+
+    async def close_session(self, session_id: str) -> SessionRecord:
+        """Close the session (404 when it is not open) and tell the engine that it will make no
+        more requests (`Engine.end_session`), so the engine may drop what it kept for it."""
+        record = self.sessions.close(session_id)
+        with contextlib.suppress(EngineError):  # an engine that cannot serve holds nothing
+            await self.engine.end_session(session_id)
+        return record
 
     # -- chat ------------------------------------------------------------------------------
 

@@ -88,7 +88,9 @@ async def test_a_template_that_is_not_append_only_is_recorded_or_refused(engine,
         second = await sdk.chat.completions.create(
             model="smollm2", messages=history, max_tokens=4, temperature=0
         )
+        assert engine.prefix_cache.tokens > 0
         status, record = await get(f"{url}/sessions/{session}/trajectories")
+    assert engine.prefix_cache.tokens == 0  # closing the session ended it on the engine
     assert (status, record["verdicts"], record["splits"]) == (200, {"not_append_only": 2}, 0)
     (segment,) = record["segments"]
     body = second.model_dump()

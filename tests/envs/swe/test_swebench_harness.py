@@ -180,6 +180,9 @@ class ScriptedSWEPolicy:
             return f"echo '# looked at this' >> {instance.agentrl_taskgen.file}"
         return "git status --short"
 
+    async def end_session(self, session_id):
+        """Nothing is kept per session."""
+
     async def generate(self, input_ids, sampling, session_id=None):
         index = int(session_id.rsplit(":", 3)[1])
         turn = self.turns[session_id] = self.turns.get(session_id, -1) + 1
