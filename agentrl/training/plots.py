@@ -7,7 +7,9 @@ so a run always ends with an image. The file is written to a temporary name and 
 viewer never sees half an image.
 
 Rendering uses matplotlib's ``Figure`` and the Agg canvas directly, never ``pyplot``: no window
-opens, no global figure is left behind, and the user's chosen backend is not changed.
+opens, no global figure is left behind, and the user's chosen backend is not changed. matplotlib is
+imported when a figure is drawn, not with this module: a trainer draws its curves once, at the
+end, and would otherwise hold matplotlib's modules (about 35 MB resident) through every step.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import numbers
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from agentrl.training.metrics import read_metrics
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DEFAULT_KEYS = (
     "reward/mean",
@@ -69,6 +72,9 @@ def curves_figure(
     title: str | None = None,
 ) -> Figure:
     """The figure `plot_curves` saves: one titled panel per key with data, in up to two columns."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     if isinstance(keys, str):
         raise TypeError(f"keys must be a sequence of metric names, got the string {keys!r}")
     series = {key: curve_series(records, key) for key in keys}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -107,3 +109,12 @@ def test_rolling_mean_is_trailing() -> None:
 def test_keys_as_a_string_is_refused(tmp_path) -> None:
     with pytest.raises(TypeError, match="'train/loss'"):
         plot_curves(records(), tmp_path / "curves.png", keys="train/loss")
+
+
+def test_a_trainer_loads_matplotlib_only_to_draw():
+    """The curves are drawn once, at the end: matplotlib (about 35 MB resident) is not imported
+    with the trainers, so it does not stand on their steps' peak memory."""
+    probe = "import sys, agentrl.rl.loop, agentrl.sft.trainer\nprint('matplotlib' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"

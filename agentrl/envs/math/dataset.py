@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import datasets
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.envs.data_files import READERS, read_data_file
+
+if TYPE_CHECKING:
+    import datasets
 
 Format = Literal["auto", "gsm8k", "math", "plain"]
 
@@ -66,11 +67,15 @@ def detect_format(columns: list[str]) -> Format:
 
 def read_dataset(source: str | Path | datasets.Dataset, split: str = "train") -> datasets.Dataset:
     """A ``datasets.Dataset`` from a file path, a ``DatasetDict`` split, or a dataset as is."""
+    if isinstance(source, (str, Path)):
+        return read_data_file(source, "dataset", READERS)
+    import datasets  # on use: about 80 MB resident with pyarrow
+
     if isinstance(source, datasets.DatasetDict):
         return source[split]
     if isinstance(source, datasets.Dataset):
         return source
-    return read_data_file(source, "dataset", READERS)
+    raise TypeError(f"not a dataset: {type(source).__name__}")
 
 
 def to_problems(

@@ -27,8 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import datasets
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agentrl.config import Config
 from agentrl.envs.core import INFRA_ERROR, AgentEnv, ResetResult, StepResult
@@ -57,7 +56,7 @@ NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 class MathConfig(Config):
     """Keyword arguments of ``gymnasium.make("agentrl/Math-v0", ...)``."""
 
-    dataset: str | Path | datasets.Dataset | datasets.DatasetDict | None = None
+    dataset: str | Path | Any = None
     """Local file (.jsonl/.json/.parquet/.csv) or a `datasets` object; None uses the generated set."""
     dataset_format: Format = "auto"
     """How rows map to problems: gsm8k, math, plain (with `columns`), or auto-detect."""
@@ -97,6 +96,23 @@ class MathConfig(Config):
     """Cap on each of stdout and stderr of a python tool call."""
     verify_timeout: int = Field(5, ge=1)
     """Limit, in seconds, on each of math-verify's parse and compare calls."""
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: Any) -> Any:
+        """A path, a ``datasets.Dataset`` or ``DatasetDict``, or None. ``datasets`` (about 80 MB
+        resident with pyarrow) is imported only when something else is given, so the generated set
+        and files do not load it into a training process until a file is read."""
+        if value is None or isinstance(value, (str, Path)):
+            return value
+        import datasets
+
+        if not isinstance(value, (datasets.Dataset, datasets.DatasetDict)):
+            raise ValueError(
+                "dataset must be a file path or a datasets.Dataset / DatasetDict, "
+                f"got {type(value).__name__}"
+            )
+        return value
 
 
 class MathEnv(AgentEnv):

@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import datasets
 import pytest
@@ -61,6 +63,33 @@ def test_clear_errors(tmp_path):
         to_problems(odd, columns={"question": "nope", "answer": "a"})
     with pytest.raises(ValueError, match="####"):
         gsm8k_answer("no marker")
+
+
+def test_a_dataset_of_another_type_is_refused_clearly():
+    import gymnasium
+
+    import agentrl  # noqa: F401  (registers environments)
+
+    with pytest.raises(
+        ValueError, match=r"a file path or a datasets\.Dataset / DatasetDict, got list"
+    ):
+        gymnasium.make("agentrl/Math-v0", dataset=[{"question": "1+1?", "answer": "2"}])
+    ds = datasets.Dataset.from_list([{"question": "1+1?", "answer": "2"}])
+    env = gymnasium.make("agentrl/Math-v0", dataset=ds, dataset_format="plain")
+    assert env.unwrapped.problems[0].answer == "2"
+
+
+def test_the_generated_set_does_not_load_datasets():
+    """``datasets`` and pyarrow hold about 80 MB resident: a training process on the generated
+    set (the demo's) does not import them."""
+    probe = (
+        "import sys, gymnasium, agentrl\n"
+        "gymnasium.make('agentrl/Math-v0', mode='multi', generated_difficulty=2).reset(seed=0)\n"
+        "print('datasets' in sys.modules, 'pyarrow' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "False"]
 
 
 @pytest.mark.parametrize(
