@@ -24,6 +24,10 @@ SUBCOMMANDS = {
         "an OpenAI-compatible endpoint in front of engine servers; records sessions",
     ),
     "check-template": ("agentrl.tokenization.cli", "check whether a chat template is append-only"),
+    "extend-context": (
+        "agentrl.context_extension",
+        "copy a model with its rotary embedding scaled to a longer context",
+    ),
     "swe": ("agentrl.envs.swe.taskgen.cli", "generate verified SWE-bench instances from sdists"),
     "retriever": ("agentrl.tools.retriever_cli", "build a retrieval index or serve one over HTTP"),
     "env": ("agentrl.env_server.cli", "serve an environment in OpenEnv's protocol (env serve)"),

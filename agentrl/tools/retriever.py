@@ -367,13 +367,18 @@ def load_encoder(model: str, device: str | None = None) -> Any:
 def format_passages(hits: Sequence[Hit], max_passage_chars: int | None = None) -> str:
     """Hits as Search-R1 shows them to the model (``generation.py``'s ``_passages2string``):
     ``Doc 1(Title: ...) text`` per line; each passage's text cut to ``max_passage_chars``."""
-    lines = []
+    return "\n".join(passage_entries(hits, max_passage_chars))
+
+
+def passage_entries(hits: Sequence[Hit], max_passage_chars: int | None = None) -> list[str]:
+    """:func:`format_passages`' entries, one per hit (an entry holds the newlines its text has)."""
+    entries = []
     for number, hit in enumerate(hits, start=1):
         text = hit.document["text"]
         if max_passage_chars is not None and len(text) > max_passage_chars:
             text = text[:max_passage_chars].rstrip() + " ..."
-        lines.append(f"Doc {number}(Title: {hit.document['title']}) {text}")
-    return "\n".join(lines)
+        entries.append(f"Doc {number}(Title: {hit.document['title']}) {text}")
+    return entries
 
 
 def _tokenize(texts: Sequence[str], stemmer: Any, stopwords: str | None) -> list[list[str]]:

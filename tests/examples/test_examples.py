@@ -1,6 +1,10 @@
 """Every CPU example config trains for one step through the launcher, as a user runs it (smaller
 batches than the file's so that the four fit in the test budget); math_agent_grpo_cpu.yaml trains
-examples/math_agent.py, a plain openai-SDK agent, through the OpenAI-compatible endpoint."""
+examples/math_agent.py, a plain openai-SDK agent, through the OpenAI-compatible endpoint;
+search_long_context_cpu.yaml trains the SmolLM2 copy it names (made here with agentrl
+extend-context) on a 3,000-character context instead of its 64,000 (16k tokens take about 19
+minutes a step on 2 cores; that step is measured in docs/performance.md), within its stated memory
+budget."""
 
 import json
 import subprocess
@@ -24,6 +28,7 @@ def test_the_cpu_examples_are_these():
         "math_pool_cpu.yaml",
         "search_grpo_cpu.yaml",
         "swe_grpo_cpu.yaml",
+        "search_long_context_cpu.yaml",
     }
 
 
@@ -41,6 +46,10 @@ def test_the_gpu_examples_are_valid_configs():
     assert config.engines.kind == "sglang" and config.engines.weight_sync == "broadcast"
     fp8 = TrainConfig.load(ROOT / "examples" / "math_tool_grpo_gpu.yaml")
     assert fp8.actor.fp8 == "tensorwise" and fp8.engines.fp8_weights
+
+
+LONG_CONTEXT_BUDGET_GB = 6.0
+"""search_long_context_cpu.yaml's stated peak RSS (docs/performance.md#a-long-context-step)."""
 
 
 @pytest.mark.timeout(600)
@@ -61,6 +70,11 @@ def test_example_trains_one_step(example, tmp_path):
     ]
     if "swe" in example.stem:  # one graded turn: four turns of long prompts cost minutes on 2 cores
         command.append("env.kwargs.max_turns=1")
+    if "long_context" in example.stem:  # the model it names, and 3,000 characters, not 64,000
+        from agentrl.context_extension import extend_context
+
+        model = extend_context("smollm2", tmp_path / "smollm2-32k", 4)
+        command += [f"model.path={model}", "env.kwargs.max_context_chars=3000"]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=580)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -68,5 +82,8 @@ def test_example_trains_one_step(example, tmp_path):
     assert rows[0]["episodes/count"] == 4 and rows[0]["episodes/errors"] == 0
     if "agent" in example.stem:  # the agent's episodes, not the environment's own turns
         assert rows[0]["agent/episodes"] >= 4 and rows[0]["agent/segments_dropped"] == 0
+    if "long_context" in example.stem:
+        assert rows[0]["batch/tokens"] > 4 * 700  # each episode opens with its passages
+        assert rows[0]["memory/peak_rss_gb"] <= LONG_CONTEXT_BUDGET_GB
     if "mix" in example.stem:
         assert any(key.startswith("env/math/") or key.startswith("env/code/") for key in rows[0])

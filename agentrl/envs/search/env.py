@@ -8,6 +8,9 @@ the whole message to ``max_result_chars``. The episode ends at the first turn wi
 ``<answer>...</answer>``, or at a turn with neither a call nor an answer. Multi-hop questions need
 one turn per search plus one to answer: with ``max_turns`` (a wrapper keyword), leave room for them.
 
+**Long context**: ``context_passages`` puts the question's best passages, whole, in the first
+user message before the question (``max_context_chars`` bounds them); the agent may still search.
+
 **Retriever**, the first of: ``retriever_url`` (a Search-R1-style ``/retrieve`` service, e.g.
 ``agentrl retriever serve``), ``index`` (a directory made by ``agentrl retriever build``, searched
 in this process), ``corpus`` (a corpus file, BM25-indexed on first use into a cache), or the
@@ -70,10 +73,13 @@ from agentrl.tools.retriever import (
     check_query,
     format_passages,
     load_index,
+    passage_entries,
 )
 from agentrl.tools.retriever_service import RetrieverClient
 
 ANSWER_TAGS = TagParser({"answer": "answer"})
+MAX_CONTEXT_PASSAGES = 1000
+"""The most passages ``context_passages`` may ask for."""
 
 
 class SearchConfig(Config):
@@ -109,6 +115,14 @@ class SearchConfig(Config):
     """Longer queries are refused with an error message (not sent to the retriever)."""
     max_searches_per_turn: int = Field(3, ge=1)
     """Search calls run per turn; further calls in the same turn get an error message."""
+    context_passages: int = Field(0, ge=0, le=MAX_CONTEXT_PASSAGES)
+    """Long context (agentrl protocol): the first user message holds the question's best
+    ``context_passages`` passages (searched with the question as the query, whole, best first,
+    in the search results' layout) before the question; the agent may still search. 0: the
+    question alone."""
+    max_context_chars: int | None = Field(None, ge=1)
+    """With ``context_passages``: passages are kept, best first, while the context stays within
+    this many characters (a passage that would pass it ends the list); None: no limit."""
     tool_format: Literal["tags", "hermes"] = "tags"
     """How the model calls search: <search>query</search>, or Hermes <tool_call> JSON."""
     system_prompt: str | None = None
@@ -134,6 +148,15 @@ class SearchConfig(Config):
         given = [name for name in ("retriever_url", "index", "corpus") if getattr(self, name)]
         if len(given) > 1:
             raise ValueError(f"give at most one of retriever_url, index, corpus (got {given})")
+        return self
+
+    @model_validator(mode="after")
+    def _context_is_agentrls(self) -> Self:
+        if self.context_passages and self.protocol == "search-r1":
+            raise ValueError(
+                "context_passages is agentrl's long-context start; Search-R1's protocol has none: "
+                "leave it 0 with protocol='search-r1'"
+            )
         return self
 
 
@@ -193,7 +216,7 @@ class SearchEnv(AgentEnv):
                 "role": "system",
                 "content": self.config.system_prompt or self.default_system_prompt(),
             },
-            {"role": "user", "content": self.question.question},
+            {"role": "user", "content": await self._first_message(self.question.question)},
         ]
         info = {
             "tools": self.tools.schemas(),
@@ -202,6 +225,25 @@ class SearchEnv(AgentEnv):
             "tags": _tags(self.question),
         }
         return messages, info
+
+    async def _first_message(self, question: str) -> str:
+        """The question, after its ``context_passages`` best passages when there are any. A
+        retriever that fails here raises: the episode has not started, and the rollout runner
+        reports it as the environment's error, never as a reward."""
+        config = self.config
+        if not config.context_passages:
+            return question
+        hits = (await self.retriever.search([question], config.context_passages))[0]
+        kept: list[str] = []
+        size = -1  # the entries' newlines: one fewer than the entries
+        for entry in passage_entries(hits):
+            size += len(entry) + 1
+            if config.max_context_chars is not None and size > config.max_context_chars:
+                break
+            kept.append(entry)
+        if not kept:
+            return question
+        return "Passages:\n" + "\n".join(kept) + f"\n\nQuestion: {question}"
 
     async def astep(self, action: str) -> StepResult:
         if self.question is None:

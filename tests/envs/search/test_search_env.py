@@ -19,7 +19,12 @@ from agentrl.envs.search import (
 )
 from agentrl.envs.search.qa import SHIPPED_CORPUS
 from agentrl.tools.retrieval_corpus import CorpusError
-from agentrl.tools.retriever import IndexNotFoundError, cached_index, load_index
+from agentrl.tools.retriever import (
+    IndexNotFoundError,
+    RetrieverUnavailable,
+    cached_index,
+    load_index,
+)
 from agentrl.tools.retriever_service import RetrieverService
 
 QUESTIONS = read_questions()
@@ -228,3 +233,65 @@ def test_configuration_errors_are_clear(tmp_path):
         make(dataset=str(tmp_path / "none.jsonl"))
     with pytest.raises(IndexError, match="outside"):
         make().reset(options={"index": 10_000})
+
+
+def test_the_long_context_start_holds_the_best_passages_within_the_budget(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    rows = [
+        {"id": "p", "title": "Python", "text": "Python was first released in 1991.\nBy Guido."},
+        {"id": "r", "title": "Rust", "text": "Rust was first released in 2015."},
+        {"id": "c", "title": "C", "text": "C appeared in 1972; Python is younger."},
+        {"id": "z", "title": "Zig", "text": "Zig is a systems language."},
+    ]
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question": "When was Python released?", "answer": "1991"}))
+    question = "When was Python released?"
+    kwargs = {"dataset": str(questions), "corpus": str(corpus)}
+    entries = [
+        "Doc 1(Title: Python) Python was first released in 1991.\nBy Guido.",
+        "Doc 2(Title: C) C appeared in 1972; Python is younger.",
+        "Doc 3(Title: Rust) Rust was first released in 2015.",
+    ]  # BM25's order; Zig shares no term with the question and is never returned
+    obs, _ = make(**kwargs, context_passages=10).reset(seed=0)
+    assert obs[1]["content"] == "Passages:\n" + "\n".join(entries) + f"\n\nQuestion: {question}"
+    for limit, kept in [(len(entries[0]), 1), (len("\n".join(entries[:2])), 2), (100, 1)]:
+        obs, _ = make(**kwargs, context_passages=10, max_context_chars=limit).reset(seed=0)
+        body = "\n".join(entries[:kept])
+        assert obs[1]["content"] == f"Passages:\n{body}\n\nQuestion: {question}"
+    obs, _ = make(**kwargs, context_passages=10, max_context_chars=10).reset(seed=0)
+    assert obs[1]["content"] == question  # not even the best passage fits
+    obs, _ = make(**kwargs, context_passages=1).reset(seed=0)
+    assert obs[1]["content"] == f"Passages:\n{entries[0]}\n\nQuestion: {question}"
+    env = make(**kwargs, context_passages=3)  # the agent may still search
+    env.reset(seed=0)
+    [message], *_ = env.step("<search>Rust</search>")
+    assert message["content"].startswith("Doc 1(Title: Rust)")
+
+
+def test_the_long_context_start_reaches_16k_tokens_on_the_shipped_corpus():
+    """The long-context example's settings: every shipped question opens with 16k-20k tokens."""
+    from agentrl.models import load_tokenizer
+
+    tokenizer = load_tokenizer("smollm2")
+    env = make(context_passages=1000, max_context_chars=64_000)
+    lengths = []
+    for index in range(0, len(QUESTIONS), 20):
+        obs, _ = env.reset(options={"index": index})
+        assert len(obs[1]["content"]) <= 64_000 + len(QUESTIONS[index].question) + 30
+        text = tokenizer.apply_chat_template(obs, tokenize=False, add_generation_prompt=True)
+        lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    assert min(lengths) >= 16_000 and max(lengths) <= 20_000, lengths
+
+
+async def test_a_retriever_down_at_the_long_context_start_fails_the_reset():
+    env = SearchEnv(retriever_url=f"http://127.0.0.1:{free_port()}/retrieve", context_passages=5)
+    with pytest.raises(RetrieverUnavailable, match="no answer from the retriever"):
+        await env.areset(seed=0)
+
+
+def test_the_long_context_start_is_not_search_r1s():
+    with pytest.raises(ConfigError, match="Search-R1's protocol has none"):
+        make(protocol="search-r1", context_passages=5)
+    with pytest.raises(ConfigError, match="context_passages"):
+        make(context_passages=1001)
