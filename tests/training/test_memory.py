@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -35,3 +39,21 @@ def test_the_peak_is_at_least_what_the_process_holds_and_never_falls():
     )
     assert peak_memory_summary(metrics).endswith("GB RSS (this process)")
     assert peak_memory_summary({}) == "-"
+
+
+def test_a_program_started_from_a_big_process_reports_its_own_peak():
+    """getrusage's ru_maxrss keeps the forking parent's resident size across exec; the metric does
+    not: a trainer started from a big test worker reported the worker's 15.7 GB."""
+    block = torch.ones(1 << 30, dtype=torch.uint8)  # 1 GiB resident in this (the parent) process
+    child = (
+        "import json, resource; from agentrl.training.memory import peak_rss_bytes; "
+        "print(json.dumps([peak_rss_bytes(), "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120
+    )
+    own, inherited = json.loads(done.stdout)
+    assert inherited >= block.numel()  # the class of error: the parent's gigabyte counted
+    assert own < block.numel()  # the child itself never held it
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 >= peak_rss_bytes() - SLACK
