@@ -10,8 +10,8 @@ sequence length and vocabulary size:
 2. **chunked** (``actor.logprob_chunk_tokens=C``): :func:`chunked_token_scores`, ``C`` tokens at
    a time, the logits recomputed in the backward.
 
-Each (side, T, V) runs in a fresh subprocess on the CPU, whose peak RSS (``ru_maxrss``) minus its
-RSS after building the inputs (hidden states, head, targets) is the computation's peak; the
+Each (side, T, V) runs in a fresh subprocess on the CPU, whose peak RSS
+(:func:`agentrl.training.memory.peak_rss_bytes`) minus its RSS after building the inputs (hidden states, head, targets) is the computation's peak; the
 head's weight gradient ``(V, H)`` float32 is part of it on both sides. With CUDA the same runs in
 this process with ``torch.cuda.max_memory_allocated``. Printed beside them: the analytic size of
 one ``(T x V)`` float32 copy, the ratio of the two peaks and of the two times (one warm-up, then
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from agentrl.algorithms.losses import entropy_from_logits
 from agentrl.engine_pool.sampling import temperature_logprobs
 from agentrl.models import cpu_name
 from agentrl.training.chunked_logprobs import chunked_token_scores
+from agentrl.training.memory import peak_rss_bytes
 
 TEMPERATURE = 0.7
 GB = 1024**3
@@ -66,21 +66,17 @@ def step(
     logprobs.sum().backward()
 
 
-def rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
-
-
 def child(args: argparse.Namespace) -> None:
     """One configuration in this fresh process: peak RSS above the inputs, best time."""
     torch.set_num_threads(args.threads or torch.get_num_threads())
     states, head, targets = inputs(args.t, args.v, args.hidden)
-    base = rss_bytes()
+    base = peak_rss_bytes()
     times = []
     for _ in range(args.repeats + 1):  # the first is a warm-up
         start = time.perf_counter()
         step(args.side, states, head, targets, args.chunk)
         times.append(time.perf_counter() - start)
-    peak = rss_bytes() - base
+    peak = peak_rss_bytes() - base
     print(json.dumps({"peak": peak, "seconds": min(times[1:])}))
 
 

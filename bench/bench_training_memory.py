@@ -19,8 +19,8 @@ keeps one float copy of the mask for the backward instead of one per layer.
 
 ``--checkpointing`` turns ``actor.activation_checkpointing`` on for all three.
 
-Memory is each rank's peak RSS (``ru_maxrss``), the largest over ranks, and its part above the
-RSS after the model was loaded and sharded (``step``). The analytic bound beside it, float32 (4
+Memory is each rank's peak RSS (:func:`agentrl.training.memory.peak_rss_bytes`), the largest
+over ranks, and its part above the RSS after the model was loaded and sharded (``step``). The analytic bound beside it, float32 (4
 bytes a number), per rank of ``P``:
 
 * state: weights, gradients and AdamW's two moments, ``16 N / P`` bytes (FSDP2 shards), plus one
@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,7 @@ from agentrl.models import cpu_name, load_model
 from agentrl.sft.trainer import nll_loss
 from agentrl.training.actor import Actor, ActorConfig
 from agentrl.training.distributed import distributed
+from agentrl.training.memory import peak_rss_bytes
 
 GB = 1024**3
 CHUNK = 1024
@@ -80,10 +80,6 @@ NAMES = {
     "packed": "16 packed",
 }
 PACKED = 16
-
-
-def rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
 
 
 def analytic_gb(config, params: int, tokens: int, variant: str, checkpointing: bool) -> float:
@@ -136,13 +132,13 @@ def child(args: argparse.Namespace) -> None:
             rows.append({"input_ids": ids, "loss_mask": mask})
         micro_batches = actor.micro_batches(rows, args.t)
         chunk = spec["chunk"]
-        base = rss_bytes()
+        base = peak_rss_bytes()
         seconds = []
         for _ in range(2):  # a warm-up (AdamW's state appears), then the measured step
             start = time.perf_counter()
             actor.train_step(micro_batches, lambda m, b: nll_loss(m, b, chunk_tokens=chunk))
             seconds.append(time.perf_counter() - start)
-        peaks = torch.tensor([rss_bytes(), rss_bytes() - base, base], dtype=torch.float64)
+        peaks = torch.tensor([peak_rss_bytes(), peak_rss_bytes() - base, base], dtype=torch.float64)
         if info.world_size > 1:
             dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
         if info.is_main:
