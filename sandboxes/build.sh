@@ -23,7 +23,10 @@
 #    which `swe` and `all` skip these images and `swe-testbed` fails). Checked after the build:
 #    HEAD is base_commit and the tree is clean. The same recipe builds one image per shipped
 #    project in SWE-smith's layout (swebench/swesmith.x86_64.agentrl-taskgen_1776_<name>.<commit>,
-#    /testbed the clean tree at environment_setup_commit), which the listing names too.
+#    /testbed the clean tree at environment_setup_commit), which the listing names too, and
+#    sandboxes/swe-r2e/Containerfile one per instance in R2E-Gym's layout
+#    (agentrl-r2e/<name>_final:<commit_hash>: /testbed at base_commit with run_tests.sh and .venv,
+#    /r2e_tests the hidden tests); each listed line names its recipe.
 #
 # An image is up to date when its `agentrl.recipe` label matches the hash of its Containerfile and
 # of the base image's id. Environment (defaults in brackets):
@@ -241,15 +244,15 @@ build_testbeds() {
   listing=$("$python" -m agentrl.envs.swe.testbed list) || die "listing the SWE instances failed"
   # Each image's recipe label, in one call (a missing image is only missing from the output).
   local -A have=() from_id=()
-  local stale=() file=$here/swe-testbed/Containerfile
+  local stale=() recipe_dir
   while read -r id recipe; do
     [ -n "$id" ] && have[$id]=$recipe
   done < <(awk '{ print $1 }' <<<"$listing" | xargs "$cli" image inspect \
     --format '{{index .Config.Labels "agentrl.swe.instance"}} {{index .Config.Labels "agentrl.recipe"}}' 2>/dev/null)
-  while read -r image from commit id; do
+  while read -r image from commit id recipe_dir; do
     [ -n "${from_id[$from]:-}" ] || from_id[$from]=$(inspect "$from" '{{.Id}}')
     recipe=$({
-      cat "$file"
+      cat "$here/$recipe_dir/Containerfile"
       echo "${from_id[$from]}"
       printf '%s\n' "INSTANCE=$id" "BASE_COMMIT=$commit"
     } | sha256sum | cut -c1-16)
@@ -266,12 +269,17 @@ build_testbeds() {
   trap 'rm -rf "$contexts"' EXIT
   "$python" -m agentrl.envs.swe.testbed context "$contexts" "${stale[@]}" ||
     die "writing the build contexts of ${stale[*]} failed"
-  while read -r image from commit id; do
+  local check
+  while read -r image from commit id recipe_dir; do
     [ -d "$contexts/$id" ] || continue
     local build_context=$contexts/$id # build_recipe builds from it
-    build_recipe swe-testbed "$image" "$from" "INSTANCE=$id" "BASE_COMMIT=$commit" </dev/null
-    [ "$("$cli" run --rm --network none "$image" sh -c 'git rev-parse HEAD && git status --porcelain' </dev/null)" = "$commit" ] ||
-      die "$image: /testbed is not a clean git checkout of base_commit $commit"
+    build_recipe "$recipe_dir" "$image" "$from" "INSTANCE=$id" "BASE_COMMIT=$commit" </dev/null
+    # R2E-Gym's layout keeps run_tests.sh untracked in /testbed and needs its /r2e_tests.
+    check='git rev-parse HEAD && git status --porcelain'
+    [ "$recipe_dir" = swe-r2e ] &&
+      check='test -s run_tests.sh && test -x .venv/bin/python && test -d /r2e_tests && git rev-parse HEAD && git status --porcelain --untracked-files=no'
+    [ "$("$cli" run --rm --network none "$image" sh -c "$check" </dev/null)" = "$commit" ] ||
+      die "$image: /testbed is not a clean git checkout of base_commit $commit (sandboxes/$recipe_dir)"
   done <<<"$listing"
   rm -rf "$contexts"
   trap - EXIT

@@ -64,6 +64,7 @@ from typing import Any
 from agentrl.envs.swe.grading import SWEGrade
 from agentrl.envs.swe.instances import SWEInstance
 from agentrl.envs.swe.projects import TESTBED_BUILD_COMMAND
+from agentrl.envs.swe.r2e_grading import R2E_GYM, TESTS_DIR, grade_r2e, set_up_script
 from agentrl.envs.swe.row_formats import SWE_SMITH_PARSER, swebench_image
 from agentrl.envs.swe.swesmith_grading import SideError, side_missing, swesmith_report
 from agentrl.tools.container import ContainerSandbox, connect
@@ -98,6 +99,8 @@ _IDENTITY = "-c user.name=agentrl -c user.email=agentrl@localhost -c commit.gpgs
 
 SHIPPED_SWESMITH_IMAGES = "swebench/swesmith.x86_64.agentrl-taskgen_1776_"
 """How the shipped projects' SWE-smith-layout images begin (:mod:`~agentrl.envs.swe.swesmith_rows`)."""
+SHIPPED_R2E_IMAGES = "agentrl-r2e/"
+"""How the shipped instances' R2E-Gym-layout images begin (:mod:`~agentrl.envs.swe.r2e_rows`)."""
 
 _EVAL_SCRIPT_HINTS = {
     "swebench": "; `scripts/swebench4-eval-scripts IN.jsonl OUT.jsonl` adds the one swebench "
@@ -113,7 +116,8 @@ class HarnessError(ValueError):
 
 def check_rows(instances: Sequence[SWEInstance], sandbox: str) -> None:
     """Refuse what this path cannot run: another backend than ``"container"``, a row without an
-    ``eval_script``, a log parser swebench lacks."""
+    ``eval_script`` (but R2E-Gym's, whose test script is in its image), a log parser swebench
+    lacks."""
     from swebench.harness.log_parsers import PARSER_REGISTRY
 
     for instance in instances:
@@ -124,6 +128,8 @@ def check_rows(instances: Sequence[SWEInstance], sandbox: str) -> None:
                 f"agentrl/SWE-v0: {instance.instance_id!r} runs on its image {harness.image!r}, "
                 f"which only sandbox='container' can start (sandbox={sandbox!r} runs no image)"
             )
+        if harness.format == R2E_GYM:
+            continue  # run_tests.sh is in the image; R2E-Gym's parser is r2e_grading's
         if not harness.eval_script:
             hint = _EVAL_SCRIPT_HINTS.get(harness.format, "")
             raise HarnessError(
@@ -157,12 +163,12 @@ def check_images(instances: Sequence[SWEInstance], client: Any) -> None:
 
 def build_command(instance: SWEInstance) -> str:
     """The command that makes ``instance``'s image: ``sandboxes/build.sh swe-testbed`` for a
-    shipped instance's official-layout image or a shipped project's SWE-smith-layout one, else
-    ``podman pull``."""
+    shipped instance's official-layout or R2E-Gym-layout image or a shipped project's
+    SWE-smith-layout one, else ``podman pull``."""
     image = instance.harness.image if instance.harness else ""
     short = image.removeprefix("localhost/")
     ours = swebench_image(instance.instance_id) == short and instance.agentrl_taskgen is not None
-    if ours or short.startswith(SHIPPED_SWESMITH_IMAGES):
+    if ours or short.startswith((SHIPPED_SWESMITH_IMAGES, SHIPPED_R2E_IMAGES)):
         return TESTBED_BUILD_COMMAND
     return f"podman pull {image}"
 
@@ -170,7 +176,10 @@ def build_command(instance: SWEInstance) -> str:
 def activation(instance: SWEInstance) -> str:
     """What of the row's eval script enters an environment: its lines before the tests that do
     (SWE-bench's scripts), then the statements of its test command that do (SWE-smith's
-    profiles start the command with ``source .../activate; conda activate testbed;``)."""
+    profiles start the command with ``source .../activate; conda activate testbed;``); an
+    R2E-Gym row's own ``activate``."""
+    if instance.harness is not None and instance.harness.format == R2E_GYM:
+        return instance.harness.activate  # R2E-Gym puts the venv's programs first on PATH
     script = (instance.harness.eval_script if instance.harness else None) or ""
     before, _, after = script.partition(">>>>> Start")
     lines = [m.group(1) for m in _ACTIVATE_LINE.finditer(before)]
@@ -190,7 +199,7 @@ class ImageRepos:
     def __init__(self, limits: SandboxLimits, client: Any = None) -> None:
         self.limits = limits
         self.client = client or connect()
-        self._archives: dict[str, bytes] = {}
+        self._archives: dict[tuple[str, str], bytes] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -203,7 +212,7 @@ class ImageRepos:
         :class:`SandboxError` when it cannot."""
         harness = instance.harness
         assert harness is not None
-        archive = await asyncio.to_thread(self._archive, harness.image, harness.repo_dir)
+        archive = await asyncio.to_thread(self.archive, harness.image, harness.repo_dir)
         env = {"BASH_ENV": ACTIVATE_FILE} if agent and activation(instance) else {}
         try:
             sandbox = await ContainerSandbox.start(
@@ -223,19 +232,20 @@ class ImageRepos:
             await sandbox.close()
             raise
 
-    def _archive(self, image: str, repo_dir: str) -> bytes:
+    def archive(self, image: str, path: str) -> bytes:
+        """A tar of ``path`` in ``image``, read through the engine (as root), once per pair."""
         with self._lock:
-            if image not in self._archives:
+            if (image, path) not in self._archives:
                 try:
                     container = self.client.containers.create(image, ["true"])
                     try:
-                        chunks, _ = container.get_archive(repo_dir)
-                        self._archives[image] = b"".join(chunks)
+                        chunks, _ = container.get_archive(path)
+                        self._archives[image, path] = b"".join(chunks)
                     finally:
                         container.remove(force=True)
                 except Exception as exc:  # the engine's or the SDK's: not the agent's doing
-                    raise SandboxError(f"copying {repo_dir} out of {image} failed: {exc}") from exc
-            return self._archives[image]
+                    raise SandboxError(f"copying {path} out of {image} failed: {exc}") from exc
+            return self._archives[image, path]
 
 
 async def grade_in_image(
@@ -244,12 +254,17 @@ async def grade_in_image(
     """Grade ``patch`` (a git diff against the repository's starting commit) in a fresh sandbox
     of ``instance``'s image, as SWE-bench's harness does (see the module docstring)."""
     harness = instance.harness
-    assert harness is not None and harness.eval_script is not None
+    assert harness is not None
     try:
+        tests = b""
+        if harness.format == R2E_GYM:
+            tests = await asyncio.to_thread(repos.archive, harness.image, TESTS_DIR)
         sandbox, _ = await repos.start(instance, agent=False)
     except SandboxError as exc:
         return SWEGrade(False, infra_error=f"the grading sandbox did not start: {exc}")
     try:
+        if harness.format == R2E_GYM:
+            return await grade_r2e(sandbox, instance, patch, tests, timeout)
         return await _apply_and_test(sandbox, instance, patch, timeout)
     except SandboxLost as exc:
         return SWEGrade(False, infra_error=f"the grading sandbox was lost: {exc}")
@@ -372,6 +387,8 @@ async def _set_up(
         f"set -e; tar -xf {_ARCHIVE} -C {repo} --strip-components=1 --no-same-owner "
         f"--no-same-permissions; rm {_ARCHIVE}; cd {repo}; "
     )
+    if harness.format == R2E_GYM:
+        script += set_up_script(agent=hide_tests)
     if harness.base_patch:
         await sandbox.write_file(_PATCH, harness.base_patch)
         hidden = " ".join(shlex.quote(path) for path in harness.hidden_tests)

@@ -22,8 +22,10 @@ swe-smith  SWE-smith (``image_name``, no base commit, no test patch): base = ``/
            ``hidden_tests`` and ``reset_tests`` with swesmith's own code, and grading calls its
            ``get_eval_report`` (log parser ``"swesmith"``, :mod:`agentrl.envs.swe.swesmith_grading`).
 r2e-gym    R2E-Gym (``docker_image``, ``parsed_commit_content``, ``expected_output_json``): gold fix
-           rebuilt as R2E-Gym's ``ParsedCommit.get_patch(test_file=False)``; tests by
-           ``bash /root/run_tests.sh``; graded by every test having its expected status.
+           rebuilt as R2E-Gym's ``ParsedCommit.get_patch(test_file=False)``; the task the text
+           inside ``[ISSUE]...[/ISSUE]`` (its ``get_task_instruction``); tests by the image's
+           ``run_tests.sh``; graded by every test having its expected status
+           (:mod:`agentrl.envs.swe.r2e_grading`, R2E-Gym's rules reproduced).
 ========== ==============================================================================================
 
 Not done here: checking that images exist, running anything on them
@@ -328,6 +330,7 @@ def read_r2e_gym(row: Mapping[str, Any]) -> dict[str, Any]:
     )
     out.update(
         instance_id=f"{name}-{commit_hash}",
+        problem_statement=r2e_task_instruction(_text(row, "problem_statement")),
         repo=name,
         base_commit=commit.get("old_commit_hash"),
         patch=r2e_gold_patch(commit),
@@ -337,6 +340,13 @@ def read_r2e_gym(row: Mapping[str, Any]) -> dict[str, Any]:
         version=commit_hash,
     )
     return out
+
+
+def r2e_task_instruction(problem_statement: str) -> str:
+    """What R2E-Gym shows the agent (``DockerRuntime.get_task_instruction``): the text inside
+    ``[ISSUE]...[/ISSUE]``, else the whole statement."""
+    match = re.search(r"\[ISSUE\](.*)\[/ISSUE\]", problem_statement, re.DOTALL)
+    return match.group(1) if match else problem_statement
 
 
 @dataclass(frozen=True)
@@ -449,7 +459,7 @@ def _side(header: str, prefix: str) -> str:
     return prefix + header[2:] if header[:2] in ("a/", "b/") else header
 
 
-def _r2e_is_test_file(path: str) -> bool:
+def r2e_is_test_file(path: str) -> bool:
     # R2E-Gym src/r2egym/commit_models/diff_classes.py, FileDiff.is_test_file.
     parts = path.split("/")
     return (
@@ -467,7 +477,7 @@ def r2e_gold_patch(commit: Mapping[str, Any]) -> str:
     patch = ""
     for diff in commit["file_diffs"]:
         path = diff["header"]["file"]["path"]
-        if not path.endswith(".py") or _r2e_is_test_file(path):
+        if not path.endswith(".py") or r2e_is_test_file(path):
             continue
         patch += f"diff --git a/{path} b/{path}\n"
         if diff["header"].get("misc_line"):

@@ -24,15 +24,22 @@ The same Containerfile builds each shipped project's image in SWE-smith's layout
 its tests, committed as ``environment_setup_commit`` (:func:`~agentrl.envs.swe.repo.build_environment_tree`);
 the instances' SWE-smith rows apply their bug to it.
 
+``sandboxes/swe-r2e/Containerfile`` builds each shipped instance's image in R2E-Gym's layout
+(:mod:`agentrl.envs.swe.r2e_rows`): ``/testbed`` the base tree at ``base_commit`` with R2E-Gym's
+``run_tests.sh`` and a ``.venv``, ``/r2e_tests`` the hidden tests.
+
 The build context of one image is written by :func:`write_context` (the CLI's ``context``);
 ``sandboxes/build.sh`` reads the images to build from the CLI's ``list``::
 
     python -m agentrl.envs.swe.testbed list [--instances FILE]
-        one line per instance: its image, its project's image, base_commit, instance_id; then one
-        per project in SWE-smith's layout: its image, the project's image, environment_setup_commit,
-        swesmith-<name>-<version>
+        one line per instance: its image, its project's image, base_commit, instance_id, the
+        recipe (swe-testbed); then one per project in SWE-smith's layout: its image, the
+        project's image, environment_setup_commit, swesmith-<name>-<version>, swe-testbed; then
+        one per instance in R2E-Gym's layout: its image, the project's image, base_commit,
+        r2e-<instance_id>, swe-r2e
     python -m agentrl.envs.swe.testbed context DIR ID... [--instances FILE]
-        DIR/<id>/testbed: the base tree (or the clean tree), committed
+        DIR/<id>/testbed: the base tree (or the clean tree), committed; for an r2e- id also
+        DIR/<id>/r2e_tests and testbed/run_tests.sh
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.envs.swe import swesmith_rows
+from agentrl.envs.swe import r2e_rows, swesmith_rows
 from agentrl.envs.swe.env import SHIPPED_INSTANCES
 from agentrl.envs.swe.instances import SWEInstance, load_instances
 from agentrl.envs.swe.projects import TESTBED_BUILD_COMMAND, Project, load_projects, project_of
@@ -148,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     instances = load_instances(args.instances)
     images = swebench_images(instances)
     smiths = swesmith_images(images)
+    r2es = r2e_rows.r2e_commits(instances)
     if args.command == "list":
         for image in images:
             print(
@@ -155,20 +163,25 @@ def main(argv: Sequence[str] | None = None) -> None:
                 image.project.image,
                 image.instance.base_commit,
                 image.instance.instance_id,
+                "swe-testbed",
             )
         for smith in smiths:
-            print(
-                smith.name, smith.project.image, smith.instance.environment_setup_commit, smith.key
-            )
+            setup_commit = smith.instance.environment_setup_commit
+            print(smith.name, smith.project.image, setup_commit, smith.key, "swe-testbed")
+        for r2e in r2es:
+            print(r2e.image, r2e.project.image, r2e.instance.base_commit, r2e.key, "swe-r2e")
         return
     by_id = {image.instance.instance_id: image for image in images}
     by_key = {smith.key: smith for smith in smiths}
-    unknown = sorted(set(args.instance_ids) - set(by_id) - set(by_key))
+    by_r2e = {r2e.key: r2e for r2e in r2es}
+    unknown = sorted(set(args.instance_ids) - set(by_id) - set(by_key) - set(by_r2e))
     if unknown:
         parser.error(f"no such instance in {args.instances}: {', '.join(unknown)}")
     for key in args.instance_ids:
         if key in by_key:
             write_swesmith_context(by_key[key], Path(args.dir) / key)
+        elif key in by_r2e:
+            r2e_rows.write_context(by_r2e[key], Path(args.dir) / key)
         else:
             write_context(by_id[key], Path(args.dir) / key)
 

@@ -280,6 +280,7 @@ def test_r2e_gym_row():
         "     fp = open(path)\n-    return fp\n+    return fp.read()\n"
     )
     assert instance.FAIL_TO_PASS == ["Tests/test_image.py::test_open"]
+    assert instance.problem_statement == "Image.open returns the file"  # get_task_instruction
     harness = instance.harness
     assert harness.image == f"namanjain12/pillow_final:{NEW}"
     assert harness.test_command == "bash /root/run_tests.sh"

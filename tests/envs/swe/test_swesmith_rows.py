@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gymnasium
 import pytest
+from row_episodes import apply_command, bash_episode, hermes
 
 import agentrl  # noqa: F401
 from agentrl.envs import INFRA_ERROR
@@ -33,10 +34,6 @@ ROOT = Path(__file__).parents[3]
 INSTANCES = {i.instance_id: i for i in load_instances(SHIPPED_INSTANCES)}
 ONE_PER_PROJECT = ["inflection__0.5.1-1", "toolz__1.2.0-4", "tabulate__0.10.0-10"]
 PROFILES_VARIABLE = "AGENTRL_SWESMITH_PROFILES"
-
-
-def hermes(name: str, **arguments) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 @pytest.fixture(scope="module")
@@ -79,19 +76,7 @@ def smith_id(instance_id: str) -> str:
 
 
 async def episode(rows, instance_id: str, *commands: str) -> tuple[list, float, dict]:
-    """Reset, one bash call per command, submit: the outputs, the reward and the last info."""
-    env = make_env(rows[1], [smith_id(instance_id)])
-    shown = []
-    try:
-        await env.areset(seed=0)
-        for command in commands:
-            observation, *_ = await env.astep(hermes("bash", command=command))
-            shown.append(observation[0]["content"])
-        _, reward, done, _, info = await env.astep(hermes("submit"))
-    finally:
-        await env.aclose()
-    assert done and INFRA_ERROR not in info, info
-    return shown, reward, info
+    return await bash_episode(lambda: make_env(rows[1], [smith_id(instance_id)]), *commands)
 
 
 def test_the_eval_script_is_swesmiths_with_the_profiles_test_command(rows):
@@ -115,7 +100,7 @@ def test_the_eval_script_is_swesmiths_with_the_profiles_test_command(rows):
 async def test_rows_run_on_their_image_and_swesmith_grades_them(rows, instance_id):
     instance = INSTANCES[instance_id]
     hidden = sorted({test.split("::")[0] for test in instance.FAIL_TO_PASS})
-    gold = f"git apply <<'AGENTRL_EOF'\n{instance.patch}\nAGENTRL_EOF"
+    gold = apply_command(instance.patch)
     look = (
         f"pwd; git rev-list --count HEAD; git cat-file -e {instance.environment_setup_commit} "
         f"&& echo LEAK; ls {' '.join(hidden)} 2>&1 | grep -c 'No such file'"
@@ -163,7 +148,7 @@ async def test_a_failing_grader_is_an_infrastructure_fault(rows, monkeypatch):
     env = make_env(rows[1], [instance.instance_id])
     try:
         await env.areset(seed=0)
-        gold = f"git apply <<'AGENTRL_EOF'\n{instance.patch}\nAGENTRL_EOF"
+        gold = apply_command(instance.patch)
         await env.astep(hermes("bash", command=gold))
         _, reward, done, _, info = await env.astep(hermes("submit"))
     finally:
