@@ -14,8 +14,9 @@
   the same test command on the same tests and read the log, without the extra evidence.
 
 * **Layouts** (``--layouts``): the same shipped instances (one per project) in SWE-bench's
-  official layout, as SWE-bench 5 rows on their ``sweb.eval.x86_64.<id>`` images
-  (:mod:`agentrl.envs.swe.image_harness`), against today's generated path, both on the container
+  official layout, as SWE-bench 5 rows on their ``sweb.eval.x86_64.<id>`` images, and in
+  R2E-Gym's, as R2E-Gym rows on their ``agentrl-r2e/<name>_final:<commit>`` images
+  (:mod:`agentrl.envs.swe.image_harness`), against today's generated path, all on the container
   backend, in one process: episode start (``areset`` of an environment already made and reset
   once, until the first tool call can run) and grading of the gold patch (fresh container, the
   patch, the tests, the verdict).
@@ -43,12 +44,12 @@ from pathlib import Path
 import gymnasium
 
 import agentrl  # noqa: F401
+from agentrl.envs.swe import r2e_rows, swebench_rows
 from agentrl.envs.swe.env import SHIPPED_INSTANCES
 from agentrl.envs.swe.grading import grade
 from agentrl.envs.swe.image_harness import ImageRepos, grade_in_image
 from agentrl.envs.swe.instances import load_instances
 from agentrl.envs.swe.projects import BUILD_SCRIPT, load_projects, project_of
-from agentrl.envs.swe.swebench_rows import write_rows
 from agentrl.envs.swe.workspace import REPO_DIR, BaseTrees, checkout
 from agentrl.tools import SandboxLimits, sandbox_factory
 
@@ -167,43 +168,60 @@ async def resets(env, repeat: int) -> list[float]:
     return times
 
 
+LAYOUTS = {
+    "SWE-bench": (swebench_rows.write_rows, "swebench5"),
+    "R2E-Gym": (r2e_rows.write_rows, "r2e-gym"),
+}
+"""The benchmark layouts timed against today's: their rows writer and row format."""
+
+
 async def layouts(repeat: int) -> None:
-    """Official layout (SWE-bench 5 rows on their images) vs generated instances, container."""
+    """Benchmark layouts (SWE-bench 5 and R2E-Gym rows on their images) vs generated instances,
+    on the container backend."""
     instances = load_instances(SHIPPED_INSTANCES)
     projects = load_projects()
     trees = BaseTrees()
     repos = ImageRepos(LIMITS)
     print(f"CPU: {cpu()}")
-    print(f"{'project':<12} {'what':<14} {'official s':>10} {'today s':>8} {'ratio':>6}")
+    print(
+        f"{'project':<12} {'layout':<10} {'what':<14} {'layout s':>8} {'today s':>8} {'ratio':>6}"
+    )
     with tempfile.TemporaryDirectory() as scratch:
         for project in projects.values():
             instance = next(i for i in instances if project_of(i, projects) == project)
-            rows = Path(scratch) / f"{project.spec.name}.jsonl"
-            write_rows([instance], rows)
-            (row,) = load_instances(rows, format="swebench5")
-            kwargs = {"instance_ids": [instance.instance_id], "sandbox": "container"}
-            official = await resets(
-                gymnasium.make(
-                    "agentrl/SWE-v0", instances=str(rows), instance_format="swebench5", **kwargs
-                ),
+            kwargs = {"sandbox": "container"}
+            today = await resets(
+                gymnasium.make("agentrl/SWE-v0", instance_ids=[instance.instance_id], **kwargs),
                 repeat,
             )
-            today = await resets(gymnasium.make("agentrl/SWE-v0", **kwargs), repeat)
-            graded_official, graded_today = [], []
-            for _ in range(repeat):
-                start = time.perf_counter()
-                verdict = await grade_in_image(row, row.patch, repos=repos, timeout=600)
-                assert verdict.resolved, verdict
-                graded_official.append(time.perf_counter() - start)
-                graded_today.append(await grade_ours(instance, project, trees))
-            for what, a, b in (
-                ("episode start", official, today),
-                ("grading", graded_official, graded_today),
-            ):
-                a_s, b_s = statistics.median(a), statistics.median(b)
-                print(
-                    f"{project.spec.name:<12} {what:<14} {a_s:>10.2f} {b_s:>8.2f} {a_s / b_s:>6.2f}"
+            graded_today = [await grade_ours(instance, project, trees) for _ in range(repeat)]
+            for layout, (write, row_format) in LAYOUTS.items():
+                rows = Path(scratch) / f"{project.spec.name}-{row_format}.jsonl"
+                write([instance], rows)
+                (row,) = load_instances(rows, format=row_format)
+                env = gymnasium.make(
+                    "agentrl/SWE-v0",
+                    instances=str(rows),
+                    instance_format=row_format,
+                    instance_ids=[row.instance_id],
+                    **kwargs,
                 )
+                started = await resets(env, repeat)
+                graded = []
+                for _ in range(repeat):
+                    start = time.perf_counter()
+                    verdict = await grade_in_image(row, row.patch, repos=repos, timeout=600)
+                    assert verdict.resolved, verdict
+                    graded.append(time.perf_counter() - start)
+                for what, a, b in (
+                    ("episode start", started, today),
+                    ("grading", graded, graded_today),
+                ):
+                    a_s, b_s = statistics.median(a), statistics.median(b)
+                    print(
+                        f"{project.spec.name:<12} {layout:<10} {what:<14} "
+                        f"{a_s:>8.2f} {b_s:>8.2f} {a_s / b_s:>6.2f}"
+                    )
     repos.close()
 
 

@@ -51,7 +51,7 @@ from agentrl.envs.swe.projects import TESTBED_BUILD_COMMAND, Project, load_proje
 from agentrl.envs.swe.r2e_grading import parse_log_pytest, strip_output
 from agentrl.envs.swe.repo import build_base_tree, files_added_by, git_apply, git_env
 from agentrl.envs.swe.row_formats import r2e_is_test_file
-from agentrl.envs.swe.rows_cli import rows_cli
+from agentrl.envs.swe.rows_cli import rows_cli, write_jsonl
 from agentrl.tools.container import connect
 
 R2E_TESTS_CMD = (
@@ -345,7 +345,7 @@ def write_rows(instances: Sequence[SWEInstance], path: str | Path) -> list[dict[
         rows = [row for commit in r2e_commits(instances) if (row := r2e_row(commit, client))]
     finally:
         client.close()
-    Path(path).write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    write_jsonl(rows, path)
     return rows
 
 
@@ -365,15 +365,13 @@ def write_context(commit: R2ECommit, dest: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    selected, written, out = rows_cli(
+    rows_cli(
         argv,
         prog="python -m agentrl.envs.swe.r2e_rows",
         description="Write SWE instances as R2E-Gym rows (its DatasetRow columns).",
         write=write_rows,
+        left_out="a FAIL_TO_PASS test does not pass in R2E-Gym's run",
     )
-    left = selected - written
-    print(f"{written} R2E-Gym rows written to {out}", end="")
-    print(f"; {left} left out (a FAIL_TO_PASS test does not pass in R2E-Gym's run)" if left else "")
 
 
 if __name__ == "__main__":

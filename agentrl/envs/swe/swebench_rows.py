@@ -38,7 +38,6 @@ from the output as failed).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -47,7 +46,7 @@ from typing import Any
 
 from agentrl.envs.swe.instances import SWEInstance
 from agentrl.envs.swe.repo import files_added_by
-from agentrl.envs.swe.rows_cli import rows_cli
+from agentrl.envs.swe.rows_cli import rows_cli, write_jsonl
 from agentrl.envs.swe.testbed import TESTBED, SWEBenchImage, swebench_images
 
 START_TEST_OUTPUT = ">>>>> Start Test Output"
@@ -125,7 +124,7 @@ def write_rows(instances: Sequence[SWEInstance], path: str | Path) -> list[dict[
     """Write the rows of ``instances`` (from shipped projects) to ``path`` as JSON lines;
     returns them."""
     rows = [swebench_row(image) for image in swebench_images(instances)]
-    Path(path).write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    write_jsonl(rows, path)
     return rows
 
 

@@ -30,14 +30,13 @@ conda environment to enter (these images have none, as the SWE-bench-layout ones
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from agentrl.envs.swe.instances import SWEInstance
 from agentrl.envs.swe.row_formats import reverse_diff
-from agentrl.envs.swe.rows_cli import rows_cli
+from agentrl.envs.swe.rows_cli import rows_cli, write_jsonl
 
 PROFILES = Path(__file__).parent / "data" / "swesmith_profiles.py"
 """SWE-smith profiles of the shipped projects, for ``$AGENTRL_SWESMITH_PROFILES``."""
@@ -88,20 +87,18 @@ def write_rows(instances: Sequence[SWEInstance], path: str | Path) -> list[dict[
     """Write the SWE-smith rows of ``instances`` (those :func:`swesmith_row` can write) to
     ``path`` as JSON lines; returns them."""
     rows = [row for instance in instances if (row := swesmith_row(instance)) is not None]
-    Path(path).write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    write_jsonl(rows, path)
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    selected, written, out = rows_cli(
+    rows_cli(
         argv,
         prog="python -m agentrl.envs.swe.swesmith_rows",
         description="Write SWE instances as SWE-smith rows (its seven published columns).",
         write=write_rows,
+        left_out="no FAIL_TO_PASS test SWE-smith's parser can name",
     )
-    left = selected - written
-    print(f"{written} SWE-smith rows written to {out}", end="")
-    print(f"; {left} left out (no FAIL_TO_PASS test SWE-smith's parser can name)" if left else "")
 
 
 if __name__ == "__main__":
