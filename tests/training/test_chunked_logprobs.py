@@ -338,6 +338,14 @@ def sft_loss(chunk_tokens: int | None, reference: nn.Module) -> Callable[..., An
     return functools.partial(nll_loss, chunk_tokens=chunk_tokens)
 
 
+def first_layers(model: nn.Module, layers: int = 2) -> nn.Module:
+    """A copy of ``model`` with its embedding, its first ``layers`` decoder layers and its head."""
+    short = copy.deepcopy(model)
+    short.model.layers = short.model.layers[:layers]
+    short.config.num_hidden_layers = layers
+    return short
+
+
 def plain_step(
     model: nn.Module, loss: Callable[..., Any], batches: list[PackedMicroBatch]
 ) -> tuple[float, dict[str, torch.Tensor]]:
@@ -369,14 +377,15 @@ def actor_step(
 def test_smollm2_step_with_the_knob_on_equals_it_off(
     smollm2: nn.Module, tokenizer: Any, make_loss: Callable[..., Any]
 ) -> None:
-    """Loss and gradients of one FSDP2 step, chunked (7 tokens a chunk: several per micro-batch)
-    against unchunked, per parameter within ``FACTOR`` x the float32 error of the same step (the
+    """Loss and gradients of one FSDP2 step of SmolLM2 (its first 2 layers: the knob changes the
+    LM head and the loss over its whole vocabulary, not the layers below), chunked (7 tokens a
+    chunk: several per micro-batch) against unchunked, per parameter within ``FACTOR`` x the float32 error of the same step (the
     larger of the chunked and the unchunked one, each computed without FSDP) against float64.
     Both errors are needed: on this CPU's BLAS a chunk of fewer than 8 rows reduces over the
     vocabulary in a less accurate order (about 15x the rounding in the hidden states' gradient;
     the default chunk of 1024 and the near-equal chunk sizes avoid that in training)."""
-    model = copy.deepcopy(smollm2).train()
-    reference = copy.deepcopy(smollm2).eval().requires_grad_(False)
+    model = first_layers(smollm2).train()
+    reference = first_layers(smollm2).eval().requires_grad_(False)
     batches = smollm2_batches(tokenizer, model.config.vocab_size)
     # float64 throughout: the chunked path keeps float64 (the unchunked one rounds its
     # log-softmax to float32 by definition); its float64 values are the unchunked formulas' to
