@@ -48,9 +48,9 @@ from typing import Any
 from agentrl.envs.swe.image_harness import SHIPPED_R2E_IMAGES
 from agentrl.envs.swe.instances import GIT_SHA, SWEInstance
 from agentrl.envs.swe.projects import TESTBED_BUILD_COMMAND, Project, load_projects, project_of
+from agentrl.envs.swe.r2e_commit import parsed_commit, r2e_is_test_file
 from agentrl.envs.swe.r2e_grading import parse_log_pytest, strip_output
 from agentrl.envs.swe.repo import build_base_tree, files_added_by, git_apply, git_env
-from agentrl.envs.swe.row_formats import r2e_is_test_file
 from agentrl.envs.swe.rows_cli import rows_cli, write_jsonl
 from agentrl.tools.container import connect
 
@@ -69,99 +69,11 @@ _IDENTITY = {
     "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
 }
 _IMPORT = re.compile(r"^(?:from\s+(\w+)\s+import|import\s+(\w+))", re.M)
-_HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)")
-_MODE_LINES = ("old mode", "new mode", "deleted file mode", "new file mode")
 
 
 def image_name(name: str, commit_hash: str) -> str:
     """The image of project ``name``'s commit ``commit_hash`` in R2E-Gym's layout."""
     return f"{SHIPPED_R2E_IMAGES}{name.lower()}_final:{commit_hash}"
-
-
-def parsed_commit(diff: str, old: str, new: str, message: str) -> dict[str, Any]:
-    """``diff`` (a git diff) as R2E-Gym's ``ParsedCommit``, read line by line as its
-    ``CommitParser.parse_git_diff`` reads one without a repository."""
-    files: list[dict[str, Any]] = []
-    hunk: dict[str, Any] | None = None
-    for line in diff.removesuffix("\n").split("\n"):
-        if line.startswith("diff --git"):
-            match = re.match(r'diff --git (?:")?a/([^"]+)(?:")? (?:")?b/([^"]+)(?:")?', line)
-            if match is None or match.group(1) != match.group(2):
-                raise ValueError(f"R2E-Gym reads no renames or odd headers: {line!r}")
-            files.append(_file_diff(match.group(1)))
-            hunk = None
-        elif not files:
-            continue
-        elif line.startswith("@@ "):
-            hunk = _hunk(line)
-            files[-1]["hunks"].append(hunk)
-        elif hunk is not None:
-            kind = {" ": "context", "": "context", "-": "deleted", "+": "added"}.get(line[:1])
-            if kind is not None:
-                hunk["line_group"]["all_lines"].append({"content": line[1:], "type": kind})
-            elif line.startswith("\\"):
-                hunk["line_group"]["all_lines"].append({"content": line[2:], "type": "note"})
-        else:
-            _header_line(files[-1], line)
-    return {
-        "file_diffs": files,
-        "old_commit_hash": old,
-        "new_commit_hash": new,
-        "commit_message": message,
-        "commit_date": "2000-01-01T00:00:00Z",
-        "metadata": {},
-    }
-
-
-def _file_diff(path: str) -> dict[str, Any]:
-    return {
-        "old_file_content": "",
-        "new_file_content": "",
-        "header": {"file": {"path": path}, "misc_line": None},
-        "index_line": None,
-        "is_binary_file": False,
-        "binary_line": None,
-        "minus_file": None,
-        "plus_file": None,
-        "hunks": [],
-    }
-
-
-def _hunk(line: str) -> dict[str, Any]:
-    match = _HUNK.match(line)
-    if match is None:
-        raise ValueError(f"invalid hunk header: {line!r}")
-    a, b, c, d, section = match.groups()
-    return {
-        "descriptor": {
-            "old_range": {"start": int(a), "length": int(b) if b else None},
-            "new_range": {"start": int(c), "length": int(d) if d else None},
-            "section": section.lstrip(),
-        },
-        "line_group": {"all_lines": []},
-        "modified_entities": [],
-        "added_entities": [],
-        "deleted_entities": [],
-    }
-
-
-def _header_line(file: dict[str, Any], line: str) -> None:
-    if line.startswith("index"):
-        parts = line.split()
-        old, _, new = parts[1].partition("..")
-        mode = parts[2] if len(parts) > 2 else ""
-        file["index_line"] = {"old_commit_hash": old, "new_commit_hash": new, "mode": mode}
-    elif line.startswith(_MODE_LINES):
-        misc = file["header"]["misc_line"]
-        file["header"]["misc_line"] = f"{misc}\n{line}" if misc else line
-    elif line.startswith("+++ "):
-        file["plus_file"] = {"path": line[4:]}
-    elif line.startswith("--- "):
-        file["minus_file"] = {"path": line[4:]}
-    elif line.startswith("Binary files"):
-        file["is_binary_file"], file["binary_line"] = True, line
-    elif line:
-        raise ValueError(f"unexpected line in a diff header: {line!r}")
 
 
 def r2e_test_files(instance: SWEInstance, tree: Path) -> dict[str, str]:

@@ -42,6 +42,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from agentrl.envs.swe.r2e_commit import r2e_gold_patch, r2e_task_instruction
+
 SWEBENCH_ACTIVATE = "source /opt/miniconda3/bin/activate && conda activate testbed"
 """How SWE-bench's eval scripts (and SWE-smith's) enter the image's environment."""
 R2E_ACTIVATE = "source /testbed/.venv/bin/activate"
@@ -342,13 +344,6 @@ def read_r2e_gym(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def r2e_task_instruction(problem_statement: str) -> str:
-    """What R2E-Gym shows the agent (``DockerRuntime.get_task_instruction``): the text inside
-    ``[ISSUE]...[/ISSUE]``, else the whole statement."""
-    match = re.search(r"\[ISSUE\](.*)\[/ISSUE\]", problem_statement, re.DOTALL)
-    return match.group(1) if match else problem_statement
-
-
 @dataclass(frozen=True)
 class RowFormat:
     """A published row format: the columns that identify it and its converter."""
@@ -457,46 +452,3 @@ def _side(header: str, prefix: str) -> str:
     if header.startswith("/dev/null"):
         return header
     return prefix + header[2:] if header[:2] in ("a/", "b/") else header
-
-
-def r2e_is_test_file(path: str) -> bool:
-    # R2E-Gym src/r2egym/commit_models/diff_classes.py, FileDiff.is_test_file.
-    parts = path.split("/")
-    return (
-        path.endswith("_test.py")
-        or path.startswith("test_")
-        or parts[-1].startswith("test_")
-        or any(part in parts for part in ("tests", "Tests", "test", "Test"))
-    )
-
-
-def r2e_gold_patch(commit: Mapping[str, Any]) -> str:
-    """R2E-Gym's ``ParsedCommit.get_patch(test_file=False)`` (its gold patch): the non-test
-    Python files' diffs, serialised as ``FileDiff.get_patch`` does."""
-    marks = {"context": " ", "added": "+", "deleted": "-", "note": "\\ "}
-    patch = ""
-    for diff in commit["file_diffs"]:
-        path = diff["header"]["file"]["path"]
-        if not path.endswith(".py") or r2e_is_test_file(path):
-            continue
-        patch += f"diff --git a/{path} b/{path}\n"
-        if diff["header"].get("misc_line"):
-            patch += diff["header"]["misc_line"] + "\n"
-        if index := diff.get("index_line"):
-            mode = f" {index['mode']}" if index["mode"] else ""
-            patch += f"index {index['old_commit_hash']}..{index['new_commit_hash']}{mode}\n"
-        if diff.get("is_binary_file"):
-            patch += diff["binary_line"] + "\n"
-        if diff.get("minus_file") and diff.get("plus_file"):
-            patch += f"--- {diff['minus_file']['path']}\n+++ {diff['plus_file']['path']}\n"
-        for hunk in diff.get("hunks", []):
-            head = hunk["descriptor"]
-            ranges = [
-                f"{r['start']}" + (f",{r['length']}" if r.get("length") is not None else "")
-                for r in (head["old_range"], head["new_range"])
-            ]
-            section = f" {head['section']}" if head["section"] else ""
-            patch += f"@@ -{ranges[0]} +{ranges[1]} @@{section}\n"
-            for line in hunk["line_group"]["all_lines"]:
-                patch += marks[line["type"]] + line["content"] + "\n"
-    return patch

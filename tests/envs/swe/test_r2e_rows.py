@@ -20,9 +20,9 @@ import agentrl  # noqa: F401
 from agentrl.envs.swe.env import SHIPPED_INSTANCES
 from agentrl.envs.swe.image_harness import HarnessError
 from agentrl.envs.swe.instances import load_instances
+from agentrl.envs.swe.r2e_commit import parsed_commit, r2e_gold_patch
 from agentrl.envs.swe.r2e_grading import R2E_GYM, parse_log_pytest, r2e_verdict, strip_output
-from agentrl.envs.swe.r2e_rows import R2E_TESTS_CMD, parsed_commit, write_rows
-from agentrl.envs.swe.row_formats import r2e_gold_patch
+from agentrl.envs.swe.r2e_rows import R2E_TESTS_CMD, write_rows
 
 pytestmark = pytest.mark.slow  # rows run pytest; the episodes start containers
 

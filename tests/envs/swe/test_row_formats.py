@@ -13,12 +13,12 @@ import pytest
 from agentrl.envs.swe import InstanceError, load_instances
 from agentrl.envs.swe.image_harness import HarnessError, activation, check_rows
 from agentrl.envs.swe.instances import write_instances
+from agentrl.envs.swe.r2e_commit import r2e_gold_patch
 from agentrl.envs.swe.row_formats import (
     ROW_FORMATS,
     SWEBENCH_FAIL_ONLY_REPOS,
     SWEBENCH_LOG_PARSERS,
     detect_format,
-    r2e_gold_patch,
     reverse_diff,
     swebench_image,
 )
