@@ -10,7 +10,7 @@ What is saved for the backward is checked to hold no (tokens x V) tensor, with t
 as the negative control. The slow test takes one real training step of SmolLM2 through the FSDP2
 actor (RL objective with a KL to a reference, and SFT's loss) with the knob on and off: loss and
 gradients agree within ``FACTOR`` times the float32 error of the same step against float64
-(tests/float_tolerance.py).
+(tests/float_tolerance.py), and the chunked step in float64 is the unchunked formulas' in float64.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from agentrl.rl.config import AlgorithmConfig
 from agentrl.rl.objective import Objective
 from agentrl.sft.trainer import nll_loss
+from agentrl.training import packing
 from agentrl.training.actor import Actor, ActorConfig
 from agentrl.training.chunked_logprobs import chunked_token_scores, output_head
 from agentrl.training.distributed import distributed
@@ -375,32 +376,49 @@ def actor_step(
 @pytest.mark.slow
 @pytest.mark.parametrize("make_loss", [rl_loss, sft_loss], ids=["rl-objective", "sft-nll"])
 def test_smollm2_step_with_the_knob_on_equals_it_off(
-    smollm2: nn.Module, tokenizer: Any, make_loss: Callable[..., Any]
+    smollm2: nn.Module, tokenizer: Any, make_loss: Callable[..., Any], monkeypatch: Any
 ) -> None:
-    """Loss and gradients of one FSDP2 step of SmolLM2 (its first 2 layers: the knob changes the
-    LM head and the loss over its whole vocabulary, not the layers below), chunked (7 tokens a
-    chunk: several per micro-batch) against unchunked, per parameter within ``FACTOR`` x the float32 error of the same step (the
-    larger of the chunked and the unchunked one, each computed without FSDP) against float64.
-    Both errors are needed: on this CPU's BLAS a chunk of fewer than 8 rows reduces over the
+    """One step of SmolLM2 (its first 2 layers: the knob changes the LM head and the loss over
+    its whole vocabulary, not the layers below), chunked (7 tokens a chunk: several per
+    micro-batch) and not.
+
+    References in float64: ``exact``, the unchunked formulas kept in float64 (which owes nothing
+    to the chunked code), and the chunked path run in float64. Tolerance, per parameter:
+    ``FACTOR`` x the larger float32 rounding error of the two computations, each against its own
+    float64 run (so a mistake in the chunked code, the same in both precisions, does not widen
+    it). Both errors are needed: on this CPU's BLAS a chunk of fewer than 8 rows reduces over the
     vocabulary in a less accurate order (about 15x the rounding in the hidden states' gradient;
-    the default chunk of 1024 and the near-equal chunk sizes avoid that in training)."""
+    the default chunk of 1024 and the near-equal chunk sizes avoid that in training). Checked
+    within it: the chunked float64 step against ``exact`` (the chunked numbers are the unchunked
+    ones on the real model), and the FSDP2 actor's step with the knob on against off."""
     model = first_layers(smollm2).train()
     reference = first_layers(smollm2).eval().requires_grad_(False)
     batches = smollm2_batches(tokenizer, model.config.vocab_size)
-    # float64 throughout: the chunked path keeps float64 (the unchunked one rounds its
-    # log-softmax to float32 by definition); its float64 values are the unchunked formulas' to
-    # ~1e-15 (the property test above)
-    model64 = copy.deepcopy(model).double()
-    loss64, grads64 = plain_step(model64, make_loss(7, copy.deepcopy(reference).double()), batches)
-    del model64
-    # the float32 error of each computation compared (chunked and not) against float64
-    plain32 = [plain_step(model, make_loss(chunk, reference), batches) for chunk in (None, 7)]
+    model64, reference64 = copy.deepcopy(model).double(), copy.deepcopy(reference).double()
+    chunked64 = plain_step(model64, make_loss(7, reference64), batches)
+    with monkeypatch.context() as patch:  # temperature_logprobs rounds to float32 by definition
+        patch.setattr(packing, "temperature_logprobs", float64_logprobs)
+        exact = plain_step(model64, make_loss(None, reference64), batches)
+    del model64, reference64
+    plain32 = {
+        chunk: plain_step(model, make_loss(chunk, reference), batches) for chunk in (None, 7)
+    }
+    own64 = {None: exact, 7: chunked64}  # each float32 run against its own computation
     with distributed():
         off = actor_step(model, make_loss(None, reference), batches)
         on = actor_step(model, make_loss(7, reference), batches)
-    loss_error = max(abs(loss - loss64) for loss, _ in plain32)
-    assert on[0] == pytest.approx(off[0], abs=tolerance(loss_error, loss64))
-    for name, exact in grads64.items():
-        atol = max(float32_tolerance(grads[name], exact) for _, grads in plain32)
+    loss_atol = tolerance(max(abs(plain32[c][0] - own64[c][0]) for c in own64), exact[0])
+    assert chunked64[0] == pytest.approx(exact[0], abs=loss_atol)
+    assert on[0] == pytest.approx(off[0], abs=loss_atol)
+    for name, grad in exact[1].items():
+        atol = max(float32_tolerance(plain32[c][1][name], own64[c][1][name]) for c in own64)
+        assert_within(chunked64[1][name], grad, atol, f"{name} (float64, chunked vs exact)")
         assert_within(on[1][name], off[1][name], atol, name)
     assert any(float(g.abs().max()) > 0 for g in on[1].values())
+
+
+def float64_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """``temperature_logprobs``' formula in the logits' dtype (it computes in float32)."""
+    return unchunked_logits(logits, token_ids, temperature)[0]
