@@ -14,15 +14,17 @@ from pathlib import Path
 
 import gymnasium
 import pytest
-from row_episodes import apply_command, bash_episode
+from row_episodes import apply_command, bash_episode, hermes
 
 import agentrl  # noqa: F401
+from agentrl.envs import INFRA_ERROR
 from agentrl.envs.swe.env import SHIPPED_INSTANCES
 from agentrl.envs.swe.image_harness import HarnessError
 from agentrl.envs.swe.instances import load_instances
 from agentrl.envs.swe.r2e_commit import parsed_commit, r2e_gold_patch
 from agentrl.envs.swe.r2e_grading import R2E_GYM, parse_log_pytest, r2e_verdict, strip_output
 from agentrl.envs.swe.r2e_rows import R2E_TESTS_CMD, write_rows
+from agentrl.envs.swe.row_formats import swebench_image
 
 pytestmark = pytest.mark.slow  # rows run pytest; the episodes start containers
 
@@ -265,3 +267,20 @@ def test_a_missing_image_is_refused_with_the_command_that_makes_it(rows, tmp_pat
     path.write_text(json.dumps(row) + "\n")
     with pytest.raises(HarnessError, match=f"images missing on the engine: {image} .*{command}"):
         make_env(path)
+
+
+async def test_an_image_without_r2e_gyms_files_is_an_infrastructure_fault(rows, tmp_path):
+    """A row naming an image with no /r2e_tests or run_tests.sh (here: the instance's
+    SWE-bench-layout image): the episode runs, and its grading ends in infra_error, not a score."""
+    instance_id = ONE_PER_PROJECT[1]
+    row = row_of(rows, instance_id) | {"docker_image": swebench_image(instance_id)}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    env = make_env(path)
+    try:
+        await env.areset(seed=0)
+        await env.astep(hermes("bash", command=apply_command(INSTANCES[instance_id].patch)))
+        _, reward, done, _, info = await env.astep(hermes("submit"))
+    finally:
+        await env.aclose()
+    assert done and reward == 0.0 and "/r2e_tests" in info[INFRA_ERROR], info
