@@ -117,9 +117,9 @@ class SearchConfig(Config):
     """Search calls run per turn; further calls in the same turn get an error message."""
     context_passages: int = Field(0, ge=0, le=MAX_CONTEXT_PASSAGES)
     """Long context (agentrl protocol): the first user message holds the question's best
-    ``context_passages`` passages (searched with the question as the query, whole, best first,
-    in the search results' layout) before the question; the agent may still search. 0: the
-    question alone."""
+    ``context_passages`` passages (searched with the question as the query, its first
+    max_query_chars characters when longer; whole, best first, in the search results' layout)
+    before the question; the agent may still search. 0: the question alone."""
     max_context_chars: int | None = Field(None, ge=1)
     """With ``context_passages``: passages are kept, best first, while the context stays within
     this many characters (a passage that would pass it ends the list); None: no limit."""
@@ -233,7 +233,8 @@ class SearchEnv(AgentEnv):
         config = self.config
         if not config.context_passages:
             return question
-        hits = (await self.retriever.search([question], config.context_passages))[0]
+        query = question[: config.max_query_chars]  # the policy's cap; the question may be longer
+        hits = (await self.retriever.search([query], config.context_passages))[0]
         kept: list[str] = []
         size = -1  # the entries' newlines: one fewer than the entries
         for entry in passage_entries(hits):

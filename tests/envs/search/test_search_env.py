@@ -267,6 +267,11 @@ def test_the_long_context_start_holds_the_best_passages_within_the_budget(tmp_pa
     env.reset(seed=0)
     [message], *_ = env.step("<search>Rust</search>")
     assert message["content"].startswith("Doc 1(Title: Rust)")
+    # a question longer than the query cap is searched by its first max_query_chars characters
+    long = question + " Tell me more about it, please." * 40
+    questions.write_text(json.dumps({"question": long, "answer": "1991"}))
+    obs, _ = make(**kwargs, context_passages=1, max_query_chars=len(question)).reset(seed=0)
+    assert obs[1]["content"] == f"Passages:\n{entries[0]}\n\nQuestion: {long}"
 
 
 def test_the_long_context_start_reaches_16k_tokens_on_the_shipped_corpus():
