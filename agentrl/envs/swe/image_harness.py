@@ -4,8 +4,10 @@ An instance read from a benchmark's rows (:mod:`agentrl.envs.swe.row_formats`: `
 runs here instead of on a tree rebuilt from an sdist. Runnable today: rows with an
 ``eval_script`` (SWE-bench 5; SWE-bench and Verified rows once ``scripts/swebench4-eval-scripts``
 has added swebench 4.1's; SWE-smith rows once ``scripts/swesmith-eval-scripts`` has added their
-profile's), on the container backend, whose image is on the engine (:func:`check_rows` and
-:func:`check_images`, at load).
+profile's) and R2E-Gym rows (their test script is in their image; set up and graded by R2E-Gym's
+rules, :mod:`agentrl.envs.swe.r2e_grading`), on the container backend, whose image is on the
+engine (:func:`check_rows` and :func:`check_images`, at load). SWE-Gym rows load but do not run:
+their eval scripts come from SWE-Gym's fork of SWE-bench, which is not installable here.
 
 **The episode.** The agent's sandbox is a :class:`~agentrl.tools.container.ContainerSandbox` of
 ``harness.image`` (read-only root, uid 65534, no network, seccomp: nothing of its isolation
