@@ -109,6 +109,9 @@ _EVAL_SCRIPT_HINTS = {
     "4.1 writes from its spec tables",
     "swe-smith": "; `scripts/swesmith-eval-scripts IN.jsonl OUT.jsonl` adds the one SWE-smith's "
     "harness writes from the repository's profile",
+    "swe-gym": "; SWE-Gym's are written by SWE-Gym's fork of SWE-bench "
+    "(github.com/SWE-Gym/SWE-Bench-Fork: its spec tables, test commands and markerless logs), "
+    "which is not on PyPI, so this path cannot write or grade them",
 }
 
 

@@ -121,3 +121,15 @@ def test_a_row_without_an_eval_script_is_refused(rows, tmp_path):
     message = "not runnable yet: the row has no eval_script.*scripts/swebench4-eval-scripts"
     with pytest.raises(HarnessError, match=message):
         gymnasium.make("agentrl/SWE-v0", instances=str(path), instance_format="swebench")
+
+
+def test_a_swe_gym_row_is_refused_naming_swe_gyms_fork(rows, tmp_path):
+    """SWE-Gym's rows (SWE-bench's columns without environment_setup_commit) load, and are
+    refused at construction: their eval scripts exist only in SWE-Gym's fork of SWE-bench."""
+    five = {"image", "eval_script", "log_parser", "eval_type", "image_assets"}
+    row = {k: v for k, v in json.loads(rows.read_text().splitlines()[0]).items() if k not in five}
+    del row["environment_setup_commit"]
+    path = tmp_path / "swe-gym.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(HarnessError, match="SWE-Gym's fork of SWE-bench .* not on PyPI"):
+        gymnasium.make("agentrl/SWE-v0", instances=str(path), instance_format="swe-gym")
