@@ -131,5 +131,5 @@ def test_a_swe_gym_row_is_refused_naming_swe_gyms_fork(rows, tmp_path):
     del row["environment_setup_commit"]
     path = tmp_path / "swe-gym.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    with pytest.raises(HarnessError, match="SWE-Gym's fork of SWE-bench .* not on PyPI"):
+    with pytest.raises(HarnessError, match=r"SWE-Gym's fork of SWE-bench .* not on PyPI"):
         gymnasium.make("agentrl/SWE-v0", instances=str(path), instance_format="swe-gym")
