@@ -45,8 +45,6 @@ R2E_GYM = "r2e-gym"
 """The row format (:mod:`agentrl.envs.swe.row_formats`) graded here."""
 RUN_TESTS = "/tmp/agentrl-run_tests.sh"
 """Where the grader keeps the image's ``/testbed/run_tests.sh``, out of the patch's reach."""
-SKIP_FILES = ("run_tests.sh", "r2e_tests")
-"""R2E-Gym's ``SKIP_FILES_NEW``: what of ``/testbed`` the agent does not get."""
 TESTS_DIR = "/r2e_tests"
 """Where R2E-Gym's images hold the hidden tests."""
 _PATCH = "/tmp/agentrl-r2e.diff"
@@ -107,8 +105,8 @@ def r2e_verdict(output: str, expected: Mapping[str, str]) -> tuple[bool, dict[st
 
 
 def set_up_script(*, agent: bool) -> str:
-    """Shell (``set -e``, in the fresh copy of ``/testbed``) that takes R2E-Gym's hidden files out
-    of the tree: the agent's box drops them, the grader keeps ``run_tests.sh`` at
+    """Shell (``set -e``, in the fresh copy of ``/testbed``) that takes R2E-Gym's hidden files
+    (its ``SKIP_FILES_NEW``: ``run_tests.sh``, ``r2e_tests``) out of the tree: the agent's box drops them, the grader keeps ``run_tests.sh`` at
     :data:`RUN_TESTS` (an image without one fails the set-up); then R2E-Gym's clean-up of
     compiled files."""
     keep = "rm -f run_tests.sh" if agent else f"mv run_tests.sh {RUN_TESTS}"
