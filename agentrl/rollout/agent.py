@@ -284,11 +284,14 @@ class AgentRunner:
         finally:
             self._running[session] -= 1
             if not self._running[session]:
-                del self._running[session]
-                if session in self._abandoned:  # its episode ended while this call ran
-                    self._abandoned.discard(session)
-                    await self._close(session)
-                    ended = True
+                try:
+                    if session in self._abandoned:  # its episode ended while this call ran
+                        self._abandoned.discard(session)
+                        await self._end(session)
+                        ended = True
+                finally:  # only once the engine was told is the session no longer running
+                    if not self._running.get(session):
+                        self._running.pop(session, None)
         if not ended and (response.status >= 500 or response.status == 429):
             text = response.text if isinstance(response, web.Response) else ""
             self._faults.setdefault(session, f"HTTP {response.status}: {text}"[:500])
@@ -357,6 +360,9 @@ class AgentRunner:
         session."""
         if session in self._running:
             self._abandoned.add(session)
+        return await self._end(session)
+
+    async def _end(self, session: str) -> SessionRecord | None:
         try:
             return await self.gateway.close_session(session)
         except GatewayError:  # 404: the session never made a call that succeeded
