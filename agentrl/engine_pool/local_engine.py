@@ -34,7 +34,10 @@ Weights. ``update_weights`` runs between iterations (it waits for the one in pro
 iteration rebuilds it by prefilling each running request's input ids + tokens so far; the prefix
 cache is emptied by the update, and rows computed before it are never stored: after an update,
 every new token is a function of the new weights and the token ids alone, which is what a trainer
-recomputing log-probs assumes. ``token_weight_versions`` records which weights produced each
+recomputing log-probs assumes. ``release_weights`` frees the weights and the prefix cache of an
+idle engine (what SGLang's ``release_memory_occupation`` frees), for a trainer in the same process
+to use while it trains; the next update must bring back every parameter (a weight sync does), and
+requests made meanwhile wait for it. ``token_weight_versions`` records which weights produced each
 token. With ``fp8_weights=True`` the engine computes with blockwise-FP8 weights, as an SGLang server
 started from a blockwise-FP8 checkpoint does (`agentrl.fp8_weights`): at start and on every update,
 each linear weight but the LM head's (less ``fp8_ignored``) is rounded through FP8 (128x128 blocks)
@@ -89,8 +92,14 @@ from agentrl.engine_pool.prefix_cache import PrefixCache
 from agentrl.engine_pool.request_state import EngineStats, RequestState
 from agentrl.engine_pool.sampling import request_generator, sample_next_tokens
 from agentrl.engine_pool.stop_strings import stop_tail_tokens
-from agentrl.engine_pool.weights import apply_named_tensors, round_weights_through_fp8
+from agentrl.engine_pool.weights import (
+    apply_named_tensors,
+    release_parameters,
+    released_parameter_names,
+    round_weights_through_fp8,
+)
 from agentrl.fp8_weights import fp8_weight_names
+from agentrl.malloc import trim_heap
 from agentrl.models import load_model, load_tokenizer
 
 T = TypeVar("T")
@@ -150,6 +159,7 @@ class LocalEngine:
         self._model_lock = asyncio.Lock()  # one iteration or one weight update at a time
         self._wakeup = asyncio.Event()
         self._paused = False
+        self._released = False  # the weights are freed until an update brings all of them back
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
@@ -245,7 +255,7 @@ class LocalEngine:
             session_id=session_id,
             input_ids=ids,
             sampling=sampling,
-            generator=request_generator(sampling, self.model.device),
+            generator=request_generator(sampling, self._device or "cpu"),
             future=asyncio.get_running_loop().create_future(),
             stop_tail_tokens=stop_tail_tokens(sampling.stop, self._encode) if sampling.stop else 0,
             grammar=grammar,
@@ -285,6 +295,32 @@ class LocalEngine:
             self._weight_version = version
             self._weights_epoch += 1
             self.prefix_cache.clear()  # computed by the old weights
+            if self._released and not released_parameter_names(self.model):
+                self._released = False
+                self._wakeup.set()
+
+    async def release_weights(self) -> int:
+        """Free the weights and the prefix cache (see the module docstring); return the bytes
+        freed. ``EngineError`` while a request is queued or running. Not for a model shared with
+        a trainer: its parameters are the ones freed."""
+        self._check_serving()
+        async with self._model_lock:
+            await self._drop_done()
+            if self._running or any(not r.done for r in self._waiting):
+                raise EngineError(
+                    "release_weights needs an idle engine: requests are queued or running"
+                )
+            freed = self.prefix_cache.nbytes
+            self.prefix_cache.clear()
+            freed += await self._in_worker(release_parameters, self.model)
+            self._released = True
+            await self._in_worker(trim_heap)  # freed heap pages go back to the system now
+        return freed
+
+    @property
+    def released(self) -> bool:
+        """Whether the weights are freed (:meth:`release_weights`) and not all loaded again."""
+        return self._released
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> torch.Tensor:
         """The first ``truncate_size`` rows of the weight ``name`` (a ``state_dict`` key) as this
@@ -293,6 +329,8 @@ class LocalEngine:
         unknown name. Waits for the step in progress, so it never reads a half-loaded update."""
         self._check_serving()
         async with self._model_lock:
+            if self._released and name in released_parameter_names(self.model):
+                raise EngineError(f"the weight {name!r} is released (release_weights)")
             return await self._in_worker(_weight_rows, self.model, name, truncate_size)
 
     async def flush_cache(self) -> None:
@@ -343,7 +381,9 @@ class LocalEngine:
 
     async def _wait_for_work(self) -> bool:
         """Block until there is something to do and we are not paused; False once closed."""
-        while not self._closed and (self._paused or not (self._waiting or self._running)):
+        while not self._closed and (
+            self._paused or self._released or not (self._waiting or self._running)
+        ):
             self._wakeup.clear()
             await self._wakeup.wait()
         return not self._closed

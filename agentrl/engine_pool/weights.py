@@ -11,6 +11,12 @@ arrive in buckets); a name may appear once per call. Values are converted to the
 and device by ``Tensor.copy_``. Not covered: checking that the buckets of one update together cover
 every parameter; callers that need that compare against :func:`parameter_names`.
 
+Released weights (:func:`release_parameters`): every parameter's storage is resized to 0 bytes
+(what FSDP does to unsharded parameters), the parameter keeping its name, shape, dtype and device,
+so that names and shapes are checked as before; a released parameter that a call loads gets its
+storage back first. :func:`released_parameter_names` says which ones no call has loaded yet: the
+model must not compute until it is empty (a released parameter has no memory to read).
+
 Blockwise FP8 (`agentrl.fp8_weights`, SGLang's layout): a call may carry an FP8 ``X.weight`` with
 its ``X.weight_scale_inv`` (both in the same call); the pair is dequantised into ``X.weight``. A
 weight named in ``fp8_names`` that arrives in full precision is rounded through FP8 on load, so an
@@ -40,7 +46,7 @@ def apply_named_tensors(
     fp8_names: frozenset[str] = frozenset(),
 ) -> int:
     """Copy ``named_tensors`` into ``model`` in place; return how many weights were loaded (an
-    FP8 weight and its scale count once).
+    FP8 weight and its scale count once); a released parameter is allocated again first.
 
     Raises ``ValueError`` naming the offending entries, before anything is copied, when a name is
     not in the model, appears twice, or a shape differs from the parameter's, or an FP8 weight and
@@ -83,8 +89,42 @@ def apply_named_tensors(
         raise ValueError(f"cannot load weights, nothing was changed: {exc}") from None
     with torch.no_grad():
         for name, tensor in updates:
-            targets[name].copy_(tensor)
+            target = targets[name]
+            if _released(target):  # its storage comes back with its values
+                target.untyped_storage().resize_(target.numel() * target.element_size())
+            target.copy_(tensor)
     return len(updates)
+
+
+def release_parameters(model: nn.Module) -> int:
+    """Free the storage of every parameter of ``model`` (buffers stay) for
+    :func:`apply_named_tensors` to fill again; return the bytes freed."""
+    freed = 0
+    with torch.no_grad():
+        for parameter in model.parameters():  # a tied parameter once
+            if _released(parameter):
+                continue
+            storage = parameter.untyped_storage()
+            size = parameter.numel() * parameter.element_size()
+            if (
+                not storage.resizable()  # a memory-mapped checkpoint's tensor
+                or storage.nbytes() != size  # a view of a larger storage
+                or not parameter.is_contiguous()
+            ):
+                parameter.data = torch.empty_like(parameter, memory_format=torch.contiguous_format)
+                storage = parameter.untyped_storage()
+            freed += storage.nbytes()
+            storage.resize_(0)
+    return freed
+
+
+def released_parameter_names(model: nn.Module) -> list[str]:
+    """The parameters released and not loaded since, by every name they answer to."""
+    return [n for n, p in model.named_parameters(remove_duplicate=False) if _released(p)]
+
+
+def _released(tensor: torch.Tensor) -> bool:
+    return tensor.numel() > 0 and tensor.untyped_storage().nbytes() == 0
 
 
 def round_weights_through_fp8(model: nn.Module, names: frozenset[str]) -> None:

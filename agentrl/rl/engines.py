@@ -64,7 +64,7 @@ from pydantic import Field, field_validator, model_validator
 
 from agentrl.config import Config, registered
 from agentrl.engine_pool import EnginePool, LocalEngine, SGLangEngine
-from agentrl.engine_pool.engine import Engine
+from agentrl.engine_pool.engine import Engine, EngineError
 from agentrl.engine_pool.sglang_engine import free_port, serve_command, sglang_command
 from agentrl.engine_pool.weight_group import WeightUpdateGroup, leave_group
 from agentrl.fp8_weights import fp8_weight_names
@@ -149,6 +149,12 @@ class EnginesConfig(Config):
     (AVX512-BF16, AMX), float32 elsewhere."""
     prefix_cache_tokens: int = Field(8192, ge=0)
     """The embedded engine's prefix cache budget in tokens (0 disables it)."""
+    release_while_training: bool = True
+    """Free the embedded engine's weights and prefix cache while a step trains with no rollout
+    in flight (every step with ``stream.max_staleness=0``, the last one otherwise); the weight
+    sync after the step brings them back (`LocalEngine.release_weights`). Takes the engine's copy
+    (SmolLM2-135M: 0.27 GB in bfloat16) off the trainer's peak; costs allocating it again in
+    each such sync (measured in docs/performance.md). Servers keep their memory."""
 
     @field_validator("kind")
     @classmethod
@@ -250,6 +256,17 @@ class RolloutEngines:
                 leave_group(self.group.group)
             self.group = None
             self.group_rebuilds += 1
+
+    async def release_for_training(self) -> int:
+        """Free the embedded engine's weights and prefix cache until the next sync, when
+        ``release_while_training`` is on and the engine is idle; return the bytes freed (0 for
+        servers, or when something still runs on the engine)."""
+        if not self.config.release_while_training or not isinstance(self.engine, LocalEngine):
+            return 0
+        try:
+            return await self.engine.release_weights()
+        except EngineError:  # a request is queued or running: it keeps the weights it needs
+            return 0
 
     async def aclose(self) -> None:
         if self.group is not None:

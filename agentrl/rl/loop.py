@@ -18,9 +18,11 @@ that runs episodes against them in the background. Each step:
    algorithm.epochs`` times against stored old log-probs; with ``algorithm.advantage=gae`` the
    critic's values give per-token GAE advantages first and the critic is updated after each
    policy update: :mod:`agentrl.rl.critic`) in a worker thread, so rollouts keep running
-   on the event loop meanwhile (up to the staleness bound);
+   on the event loop meanwhile (up to the staleness bound); when none runs (every step with
+   ``stream.max_staleness=0``, the last one otherwise), the embedded engine's weights and prefix
+   cache are freed for the update (``engines.release_while_training``);
 3. the new weights go to the engines as version ``step`` (:func:`sync_engines`: tensors, disk
-   or broadcast, every engine's version checked; with
+   or broadcast, every engine's version checked, a released engine's weights allocated again; with
    ``stream.partial_rollouts="abort"`` in-flight generations are aborted first and continued
    by the runner, with ``"pause"`` the engine carries them across the update), and the stream
    may launch one more step's groups;
@@ -391,6 +393,10 @@ class Trainer:
             return None
         wait_s = time.perf_counter() - start
         version = self.actor.step
+        released = 0
+        in_flight = self.stream.in_flight if self.stream is not None else 0
+        if self.engines is not None and self.stream is not None and self.stream.idle:
+            released = await self.engines.release_for_training()  # back at the sync below
         self._set_status("training")
         train_start = time.perf_counter()
         if batch.sequences:
@@ -424,6 +430,8 @@ class Trainer:
             "throughput/train_tokens_per_s": batch.metrics.get("batch/tokens", 0.0)
             / max(train_s, 1e-9),
             **peak_memory_metrics(),
+            "memory/engine_released_gb": released / 1e9,
+            "stream/in_flight_groups": float(in_flight),
             **validation,
         }
         self.last_batch = batch

@@ -105,6 +105,11 @@ class RolloutStream:
         return len(self._tasks)
 
     @property
+    def idle(self) -> bool:
+        """Whether no group runs and none will start before the next :meth:`advance`."""
+        return not self._tasks and self._launches >= self._allowance
+
+    @property
     def ready(self) -> int:
         """Complete groups waiting in the queue."""
         return self._queue.qsize()

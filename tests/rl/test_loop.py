@@ -187,6 +187,9 @@ async def test_a_run_trains_syncs_and_writes_its_outputs(tiny_policy_dir, tmp_pa
     ):
         assert key in rows[-1], key
     assert 0 < rows[0]["memory/peak_rss_gb"] <= rows[1]["memory/peak_rss_gb"]
+    # on-policy, nothing runs on the engine while a step trains: its weights are freed, and the
+    # sync brings back every one of them (the checks of the engine's weights and log-probs)
+    assert all(r["memory/engine_released_gb"] > 0 for r in rows)
     for row in rows:  # the engine's log-probs are the trainer's: at step 2, after a sync
         assert row["mismatch/max_abs"] < bound, (row["step"], row["mismatch/max_abs"], bound)
     assert rows[-1]["version/trained_on"] == 1  # on-policy: step 2 trained on version-1 tokens
@@ -225,7 +228,9 @@ async def test_a_mixture_of_environments_draws_groups_by_weight(tiny_policy_dir,
 
 
 async def test_a_bfloat16_engine_samples_while_the_trainer_keeps_float32(tiny_policy_dir, tmp_path):
-    config = tiny_config(tiny_policy_dir, tmp_path, "engines.dtype=bfloat16")
+    config = tiny_config(
+        tiny_policy_dir, tmp_path, "engines.dtype=bfloat16", "engines.release_while_training=false"
+    )
     async with Trainer(config, show_progress=False) as trainer:
         batches = record_batches(trainer)
         await trainer.run()
@@ -237,6 +242,7 @@ async def test_a_bfloat16_engine_samples_while_the_trainer_keeps_float32(tiny_po
         expected = trainer_weights[name].full_tensor().to(torch.bfloat16)
         assert torch.equal(engine_weight, expected), name
     rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert all(r["memory/engine_released_gb"] == 0 for r in rows)  # switched off
     # bfloat16 sampling: a mismatch beyond anything float32 rounding explains on these tokens
     # (measured: 1.5e-3 against a bound of about 1e-5), which TIS corrects
     error, magnitude = float32_logprob_error(tiny_policy_dir, batches[0].sequences)
@@ -313,6 +319,11 @@ async def test_streaming_with_a_staleness_bound_and_partial_rollouts(
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert all(r["staleness/staleness_max"] <= 2 for r in rows)
     assert max(r["staleness/staleness_max"] for r in rows) >= 1  # rollouts overlapped training
+    # the engine keeps its weights while the next step's rollouts run beside the training, and
+    # frees them for the last step, which nothing overlaps
+    for row in rows:
+        assert row["memory/engine_released_gb"] == 0 or row["stream/in_flight_groups"] == 0
+    assert rows[-1]["memory/engine_released_gb"] > 0
     # masked stale tokens are counted; tokens within the bound are trained on
     assert all(r["batch/loss_tokens"] > 0 for r in rows)
 

@@ -41,14 +41,17 @@ async def test_synchronous_mode_launches_one_batch_per_weight_update(tiny_engine
     stream = RolloutStream(make_runner(tiny_engine, tokenizer), group_size=2, groups_per_step=3)
     stream.start()
     try:
+        assert not stream.idle  # its launches are allowed, if not made yet
         groups = await stream.next_groups()
         assert [g[0].group for g in groups] == [0, 1, 2]
         assert all([t.sample for t in g] == [0, 1] for g in groups)
         assert all(t.seed == g[0].group for g in groups for t in g)  # one prompt per group
         await settle(stream)
         assert stream.in_flight == 0 and stream.ready == 0  # nothing before the update
+        assert stream.idle  # and nothing will start: what lets a trainer free the engine
         assert stream.state == {"next_group": 3, "pending_groups": []}
         stream.advance()
+        assert not stream.idle
         groups = await stream.next_groups()
         assert [g[0].group for g in groups] == [3, 4, 5]
     finally:

@@ -136,10 +136,15 @@ async def test_two_hosts_spread_fail_over_recover_and_all_down(two_services, cap
         for box in boxes:
             await box.close()  # the dead host's sandboxes close without raising
 
-        # (c) Host a is back: after the next health check it is the least loaded again.
+        # (c) Host a is back: once a health check (made by each start, at most every
+        # retry_after_s) reaches it, it is the least loaded again. On a loaded machine the first
+        # pings of a service just started may time out, so checks are repeated until one answers.
         a.start()
         a.wait_until_answering()
-        await asyncio.sleep(0.5)
+        async with asyncio.timeout(120):
+            while not hosts.status()[0].healthy:
+                await asyncio.sleep(0.5)
+                await hosts.check()
         async with await factory() as box:
             assert hosts.host_of(box) == a.url
             assert (await box.exec("echo back")).stdout == "back\n"
