@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from model_cuts import first_layers
 
 from agentrl.context_extension import extend_context
 from agentrl.engine_pool import LocalEngine, SamplingParams
@@ -54,21 +55,18 @@ def test_yarn_changes_a_short_context_less_than_linear_interpolation(extended):
     assert 0 < kl["yarn"] < kl["linear"], kl
 
 
-def first_layers(model_ref, layers=2):
-    """The model with its first ``layers`` decoder layers only: the positions are what is tested."""
-    model = load_model(model_ref)
-    model.model.layers = model.model.layers[:layers]
-    model.config.num_hidden_layers = layers
-    return model.eval()
+def short(model_ref):
+    """The model with its first 2 decoder layers only: the positions are what is tested."""
+    return first_layers(load_model(model_ref)).eval()
 
 
 async def test_the_engine_serves_past_the_trained_context_what_the_trainer_scores(extended):
     prompt = torch.randint(0, 49152, (9000,), generator=torch.Generator().manual_seed(0)).tolist()
     sampling = SamplingParams(max_new_tokens=2, temperature=1.0, seed=0)
-    async with LocalEngine(first_layers("smollm2")) as engine:
+    async with LocalEngine(short("smollm2")) as engine:
         with pytest.raises(ValueError, match="the model's context holds 8192"):
             await engine.generate(prompt, sampling)
-    model = first_layers(extended["yarn"])
+    model = short(extended["yarn"])
     async with LocalEngine(model) as engine:
         result = await engine.generate(prompt, sampling)
     assert len(result.token_ids) == 2
@@ -82,7 +80,7 @@ async def test_the_engine_serves_past_the_trained_context_what_the_trainer_score
 
     engine = torch.tensor(result.logprobs)
     extended_gap = (scores(model) - engine).abs().max()
-    unscaled_gap = (scores(first_layers("smollm2")) - engine).abs().max()
+    unscaled_gap = (scores(short("smollm2")) - engine).abs().max()
     # the engine rotates by the copy's scaled embedding, not the trained one: its log-probs are
     # the copy's up to float32 rounding, far closer than to the unscaled model's
     assert extended_gap < unscaled_gap / 100, (extended_gap, unscaled_gap)

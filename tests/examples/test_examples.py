@@ -9,9 +9,11 @@ is held to the example's stated budget less what the 28 layers left out would ho
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from model_cuts import first_layers
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
@@ -54,30 +56,37 @@ LONG_CONTEXT_LAYERS = 2
 """Decoder layers of SmolLM2 the test trains the long-context example with."""
 
 
-def first_layers(model_dir: Path, out: Path, layers: int) -> tuple[Path, int, int]:
-    """``model_dir`` with its first ``layers`` decoder layers only, written to ``out``; with the
-    parameters of one decoder layer and the hidden size."""
+@dataclass(frozen=True)
+class LeftOut:
+    """The decoder layers a cut model (:func:`write_first_layers`) does not have."""
+
+    layers: int
+    parameters: int
+    hidden_size: int
+
+    def budget_gb(self, tokens: int) -> float:
+        """The example's budget less what these layers would hold at the peak: their float32
+        weights, gradients and AdamW moments (16 bytes a parameter) and the engine's float32 copy
+        (4 more), and the float32 layer inputs that activation checkpointing keeps for an episode
+        of ``tokens`` (one episode a micro-batch)."""
+        state = self.parameters * (16 + 4)
+        checkpoints = self.layers * tokens * self.hidden_size * 4
+        return LONG_CONTEXT_BUDGET_GB - (state + checkpoints) / 1e9
+
+
+def write_first_layers(model_dir: Path, out: Path, layers: int) -> LeftOut:
+    """Write ``model_dir`` with its first ``layers`` decoder layers only to ``out``; what it
+    leaves out."""
     from agentrl.models import load_model, load_tokenizer, save_hf, tied_aliases
 
     model = load_model(model_dir)
-    per_layer = sum(p.numel() for p in model.model.layers[0].parameters())
-    model.model.layers = model.model.layers[:layers]
-    model.config.num_hidden_layers = layers
+    cut = model.model.layers[layers:]
+    left_out = LeftOut(len(cut), sum(p.numel() for p in cut.parameters()), model.config.hidden_size)
+    first_layers(model, layers)
     aliases = tied_aliases(model)
     weights = {name: t for name, t in model.state_dict().items() if name not in aliases}
     save_hf(model, weights, out, tokenizer=load_tokenizer(model_dir))
-    return out, per_layer, model.config.hidden_size
-
-
-def long_context_budget_gb(per_layer: int, hidden: int, tokens: int, layers: int) -> float:
-    """The example's budget less what its other decoder layers would hold at the peak: their
-    float32 weights, gradients and AdamW moments (16 bytes a parameter) and the engine's float32
-    copy (4 more), and the float32 layer inputs that activation checkpointing keeps for an
-    episode of ``tokens`` (one episode a micro-batch)."""
-    left_out = 30 - layers  # SmolLM2-135M's decoder layers
-    state = left_out * per_layer * (16 + 4)
-    checkpoints = left_out * tokens * hidden * 4
-    return LONG_CONTEXT_BUDGET_GB - (state + checkpoints) / 1e9
+    return left_out
 
 
 @pytest.mark.timeout(600)
@@ -106,9 +115,8 @@ def test_example_trains_one_step(example, tmp_path):
         from agentrl.context_extension import extend_context
 
         extended = extend_context("smollm2", tmp_path / "smollm2-32k", 4)
-        model, per_layer, hidden = first_layers(
-            extended, tmp_path / "smollm2-32k-short", LONG_CONTEXT_LAYERS
-        )
+        model = tmp_path / "smollm2-32k-short"
+        left_out = write_first_layers(extended, model, LONG_CONTEXT_LAYERS)
         command.append(f"model.path={model}")
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=580)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -121,7 +129,7 @@ def test_example_trains_one_step(example, tmp_path):
     if long_context:
         tokens = rows[0]["batch/tokens"] / rows[0]["batch/sequences"]  # an episode's, mean
         assert rows[0]["batch/sequences"] == 2 and tokens > 16_000  # its passages: 16k tokens
-        budget = long_context_budget_gb(per_layer, hidden, int(tokens), LONG_CONTEXT_LAYERS)
+        budget = left_out.budget_gb(int(tokens))
         assert rows[0]["memory/peak_rss_gb"] <= budget, budget
     if "mix" in example.stem:
         assert any(key.startswith("env/math/") or key.startswith("env/code/") for key in rows[0])

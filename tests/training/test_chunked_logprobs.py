@@ -25,6 +25,7 @@ import torch
 from float_tolerance import assert_within, float32_tolerance, spacing, tolerance
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_cuts import first_layers
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -339,14 +340,6 @@ def sft_loss(chunk_tokens: int | None, reference: nn.Module) -> Callable[..., An
     return functools.partial(nll_loss, chunk_tokens=chunk_tokens)
 
 
-def first_layers(model: nn.Module, layers: int = 2) -> nn.Module:
-    """A copy of ``model`` with its embedding, its first ``layers`` decoder layers and its head."""
-    short = copy.deepcopy(model)
-    short.model.layers = short.model.layers[:layers]
-    short.config.num_hidden_layers = layers
-    return short
-
-
 def plain_step(
     model: nn.Module, loss: Callable[..., Any], batches: list[PackedMicroBatch]
 ) -> tuple[float, dict[str, torch.Tensor]]:
@@ -391,8 +384,8 @@ def test_smollm2_step_with_the_knob_on_equals_it_off(
     the default chunk of 1024 and the near-equal chunk sizes avoid that in training). Checked
     within it: the chunked float64 step against ``exact`` (the chunked numbers are the unchunked
     ones on the real model), and the FSDP2 actor's step with the knob on against off."""
-    model = first_layers(smollm2).train()
-    reference = first_layers(smollm2).eval().requires_grad_(False)
+    model = first_layers(copy.deepcopy(smollm2)).train()
+    reference = first_layers(copy.deepcopy(smollm2)).eval().requires_grad_(False)
     batches = smollm2_batches(tokenizer, model.config.vocab_size)
     model64, reference64 = copy.deepcopy(model).double(), copy.deepcopy(reference).double()
     chunked64 = plain_step(model64, make_loss(7, reference64), batches)
